@@ -1,0 +1,53 @@
+"""Numbers shared by every network, each with its source.
+
+Every constant used to build a unit or a network lives here once. The sources are the
+paper's appendix (He et al., "Identity Mappings in Deep Residual Networks", ECCV 2016,
+arXiv:1603.05027) and its official Torch code (github.com/KaimingHe/resnet-1k-layers,
+which builds on facebook/fb.resnet.torch).
+"""
+
+import keras
+
+# Torch's BatchNorm defaults, used by the official code: momentum 0.1 for the new batch,
+# which is Keras' momentum 0.9 for the running average, and epsilon 1e-5.
+BATCH_NORM_MOMENTUM = 0.9
+BATCH_NORM_EPSILON = 1e-5
+
+# Paper appendix: "weight decay of 0.0001". Caffe and Torch add `decay * w` to the
+# gradient before momentum (a coupled L2 term); see `weight_regularizer`.
+WEIGHT_DECAY = 1e-4
+
+
+def conv_initializer():
+    """He (MSRA) initialisation as in the official code.
+
+    `resnet-1k-layers` draws every convolution kernel from
+    normal(0, sqrt(2 / (k * k * filters_out))): a fan-out, untruncated normal.
+    """
+    return keras.initializers.VarianceScaling(
+        scale=2.0, mode="fan_out", distribution="untruncated_normal"
+    )
+
+
+def weight_regularizer(weight_decay):
+    """The Keras regularizer equal to Caffe/Torch's coupled weight decay.
+
+    Torch's `optim.sgd` adds `weight_decay * w` to each gradient. The gradient of
+    `L2(l2)`, i.e. of `l2 * sum(w ** 2)`, is `2 * l2 * w`, so `l2 = weight_decay / 2`
+    gives the same update. (Keras' `SGD(weight_decay=...)` is decoupled: it shrinks the
+    weights outside the momentum buffer and is a different update.)
+
+    Returns `None` for a decay of zero, so that no regularization loss is created.
+    """
+    if weight_decay == 0:
+        return None
+    return keras.regularizers.L2(weight_decay / 2)
+
+
+def validate_weight_decay(weight_decay):
+    if not isinstance(weight_decay, (int, float)) or weight_decay < 0:
+        raise ValueError(
+            "weight_decay must be a number >= 0 (the paper uses 1e-4). "
+            f"Received: weight_decay={weight_decay!r}"
+        )
+    return float(weight_decay)

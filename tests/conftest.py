@@ -1,0 +1,87 @@
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    keras.utils.set_random_seed(1603)
+
+
+def random_images(shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def variable_values(layer_or_model):
+    return [np.array(variable) for variable in layer_or_model.trainable_variables]
+
+
+def output_gradients(model, inputs, training=True, seed=0):
+    """Gradients of sum(outputs * R), R fixed random, for each trainable variable.
+
+    A random projection, not a plain sum: the sum of softmax outputs is constant and
+    would give every weight a zero gradient. Regularization losses are left out, so a
+    weight that does not reach the output gets no gradient.
+    """
+    backend = keras.backend.backend()
+    projection = np.random.default_rng(seed).normal(
+        size=(inputs.shape[0],) + tuple(model.compute_output_shape(inputs.shape)[1:])
+    ).astype("float32")
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(inputs, training=training) * projection)
+        return [np.array(gradient) if gradient is not None else None
+                for gradient in tape.gradient(loss, model.trainable_variables)]
+    if backend == "jax":
+        import jax
+
+        non_trainable = [variable.value for variable in model.non_trainable_variables]
+
+        def loss(trainable):
+            outputs, _ = model.stateless_call(trainable, non_trainable, inputs, training=training)
+            return (outputs * projection).sum()
+
+        return [np.array(gradient) for gradient in
+                jax.grad(loss)([variable.value for variable in model.trainable_variables])]
+    pytest.skip(f"gradient helper written for tensorflow and jax, not {backend}")
+
+
+def jacobian(layer, inputs, training=True):
+    """d layer(inputs) / d inputs as a (size, size) matrix, for one example."""
+    backend = keras.backend.backend()
+    size = int(np.prod(inputs.shape))
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        inputs = tf.constant(inputs)
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            outputs = layer(inputs, training=training)
+        return np.array(tape.jacobian(outputs, inputs)).reshape(size, -1)
+    if backend == "jax":
+        import jax
+
+        # Through a model, as in training: stateless_call on the layer itself would skip
+        # the call context that hands `training` to its BatchNorms.
+        model = keras.Sequential([keras.Input(inputs.shape[1:]), layer])
+        trainable = [variable.value for variable in model.trainable_variables]
+        non_trainable = [variable.value for variable in model.non_trainable_variables]
+
+        def function(x):
+            return model.stateless_call(trainable, non_trainable, x, training=training)[0]
+
+        return np.array(jax.jacfwd(function)(inputs)).reshape(size, -1)
+    pytest.skip(f"jacobian helper written for tensorflow and jax, not {backend}")
+
+
+def config_round_trip(layer):
+    """get_config -> from_config -> get_config, both configs as JSON-ready dicts."""
+    config = layer.get_config()
+    rebuilt = type(layer).from_config(config)
+    return config, rebuilt.get_config()

@@ -49,8 +49,9 @@ def ResNet(
             `ShortcutOnlyGating`, `ShortcutDropout`, `NoShortcut`); each unit uses a
             copy of it, whose weight decay is the network's. `None` for addition.
         downsample_shortcut: the shortcut of units that change shape, "zero_pad" or
-            "projection"; `None` for the architecture's (zero padding for the basic
-            CIFAR nets, projection otherwise).
+            "projection"; `None` for "projection" where `shortcut` is, and otherwise
+            the architecture's (zero padding for the basic CIFAR nets, projection
+            for the others).
         stride_on: "first" or "3x3", the strided convolution of bottleneck units;
             `None` for the architecture's ("first" on CIFAR, "3x3" on ImageNet).
         weight_decay: coupled weight decay on every weight (the paper's 1e-4),
@@ -101,7 +102,8 @@ def ResNet(
         raise ValueError(f"classes must be a positive integer. Received: classes={classes!r}")
     _check_weights(weights)
     unit_class = units.UNITS[unit]
-    downsample_shortcut = downsample_shortcut or architecture.downsample_shortcut
+    if downsample_shortcut is None:
+        downsample_shortcut = "projection" if shortcut == "projection" else architecture.downsample_shortcut
     stride_on = stride_on or architecture.stride_on
 
     inputs = _inputs(architecture, input_tensor, input_shape)

@@ -20,23 +20,15 @@ def variable_values(layer_or_model):
     return [np.array(variable) for variable in layer_or_model.trainable_variables]
 
 
-def output_gradients(model, inputs, training=True, seed=0):
-    """Gradients of sum(outputs * R), R fixed random, for each trainable variable.
-
-    A random projection, not a plain sum: the sum of softmax outputs is constant and
-    would give every weight a zero gradient. Regularization losses are left out, so a
-    weight that does not reach the output gets no gradient.
-    """
+def gradients(model, inputs, loss_of_outputs, training=True):
+    """d loss_of_outputs(model(inputs)) / d w for each trainable variable w (no regularization)."""
     backend = keras.backend.backend()
-    projection = np.random.default_rng(seed).normal(
-        size=(inputs.shape[0],) + tuple(model.compute_output_shape(inputs.shape)[1:])
-    ).astype("float32")
     if backend == "tensorflow":
         import tensorflow as tf
 
         with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(model(inputs, training=training) * projection)
-        return [np.array(gradient) if gradient is not None else None
+            loss = loss_of_outputs(model(inputs, training=training))
+        return [None if gradient is None else np.array(gradient)
                 for gradient in tape.gradient(loss, model.trainable_variables)]
     if backend == "jax":
         import jax
@@ -44,12 +36,23 @@ def output_gradients(model, inputs, training=True, seed=0):
         non_trainable = [variable.value for variable in model.non_trainable_variables]
 
         def loss(trainable):
-            outputs, _ = model.stateless_call(trainable, non_trainable, inputs, training=training)
-            return (outputs * projection).sum()
+            return loss_of_outputs(model.stateless_call(trainable, non_trainable, inputs, training=training)[0])
 
         return [np.array(gradient) for gradient in
                 jax.grad(loss)([variable.value for variable in model.trainable_variables])]
     pytest.skip(f"gradient helper written for tensorflow and jax, not {backend}")
+
+
+def output_gradients(model, inputs, training=True, seed=0):
+    """Gradients of sum(outputs * R), R fixed random, for each trainable variable.
+
+    A random projection, not a plain sum: the sum of softmax outputs is constant and
+    would give every weight a zero gradient.
+    """
+    projection = np.random.default_rng(seed).normal(
+        size=(inputs.shape[0],) + tuple(model.compute_output_shape(inputs.shape)[1:])
+    ).astype("float32")
+    return gradients(model, inputs, lambda outputs: keras.ops.sum(outputs * projection), training)
 
 
 def jacobian(layer, inputs, training=True):

@@ -1,0 +1,30 @@
+# The two commands of the README: `make demo` runs the main job, `make test` the tests.
+# Each creates the virtual environment .venv and installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: demo test test-tensorflow test-jax clean
+
+$(VENV)/installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	touch $@
+
+demo: $(VENV)/installed
+	$(BIN)/python -m keras_preact demo
+
+# Every test on TensorFlow, then the library's tests again on JAX (the largest networks
+# and TensorFlow-only tests left out there). pytest's exit code 5, no test collected,
+# fails the target like any other error.
+test: test-tensorflow test-jax
+
+test-tensorflow: $(VENV)/installed
+	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest
+
+test-jax: $(VENV)/installed
+	KERAS_BACKEND=jax $(BIN)/python -m pytest -m "not large and not tensorflow and not slow" -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

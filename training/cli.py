@@ -1,0 +1,108 @@
+"""`python -m training`: train keras-preact networks with the paper's recipe.
+
+    python -m training train --config digits_demo                 # the main job, offline
+    python -m training train --config cifar10_paper --set model=resnet164 --seeds 5
+    python -m training train --config cifar10_paper --data-dir ~/tensorflow_datasets \\
+        --strategy mirrored --set batch_size=256
+    python -m training configs                                    # the configs and their fields
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def parser():
+    from training import configs
+
+    main = argparse.ArgumentParser(
+        prog="python -m training", description=__doc__.split("\n\n")[0],
+        epilog="\n".join(__doc__.split("\n")[2:]), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = main.add_subparsers(dest="command", required=True)
+    train = commands.add_parser(
+        "train", help="train a network (resumes from the run directory's last checkpoint)",
+        description="Train a network with a config of the paper's recipe. Running the same command again "
+        "resumes from the last checkpoint of its run directory.",
+    )
+    train.add_argument("--config", default="digits_demo", help=f"one of {sorted(configs.CONFIGS)} (default: digits_demo)")
+    train.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                       help="override a config field, e.g. --set model=resnet164 --set batch_size=64 "
+                       "(repeatable; `python -m training configs` lists the fields)")
+    train.add_argument("--model", help="shortcut for --set model=NAME")
+    train.add_argument("--data-dir", help="tensorflow-datasets data directory, or the root of an image folder")
+    train.add_argument("--strategy", choices=["default", "one_device", "mirrored", "multi_worker", "tpu"],
+                       help="tf.distribute strategy; multi_worker reads the cluster from TF_CONFIG")
+    train.add_argument("--run-dir", help="where checkpoints, logs, plots and the model go "
+                       "(default: runs/<config>-<model>)")
+    train.add_argument("--seeds", type=int, default=1, help="train this many seeds (0, 1, ...) and report "
+                       "the median and mean +- std of the final test error, as the paper does")
+    commands.add_parser("configs", help="print every config with its fields")
+    return main
+
+
+def config_from(arguments):
+    from training import configs
+
+    overrides = list(arguments.set)
+    for flag, field in (("model", "model"), ("data_dir", "data_dir"), ("strategy", "strategy")):
+        if getattr(arguments, flag):
+            overrides.append(f"{field}={getattr(arguments, flag)}")
+    config = configs.get_config(arguments.config, overrides)
+    import keras_preact
+
+    if config.model not in keras_preact.MODELS:
+        raise ValueError(f"Unknown model. Choose one of {keras_preact.list_models()}. Received: model={config.model!r}")
+    return config
+
+
+def train_seeds(config, run_dir, seeds):
+    from training import loop
+
+    loop.configure(config)
+    summaries = []
+    for seed in range(seeds):
+        seeded = dataclasses.replace(config, seed=config.seed + seed)
+        directory = run_dir if seeds == 1 else os.path.join(run_dir, f"seed{seeded.seed}")
+        summaries.append(loop.train(seeded, directory))
+    if seeds > 1:
+        errors = [100 * summary["test_error"] for summary in summaries]
+        result = dict(seeds=seeds, test_errors=errors, median=statistics.median(errors),
+                      mean=statistics.mean(errors), std=statistics.stdev(errors))
+        with open(os.path.join(run_dir, "seeds.json"), "w") as file:
+            json.dump(result, file, indent=2)
+        print(f"Final test error over {seeds} seeds: median {result['median']:.2f} %, "
+              f"mean {result['mean']:.2f} +- {result['std']:.2f} %.")
+    return summaries
+
+
+def main(argv=None):
+    arguments = parser().parse_args(argv)
+    try:
+        if arguments.command == "configs":
+            from training import configs
+
+            for name, config in configs.CONFIGS.items():
+                print(f"{name}: {dataclasses.asdict(config)}")
+            return 0
+        config = config_from(arguments)
+        run_dir = arguments.run_dir or os.path.join("runs", f"{arguments.config}-{config.model}")
+        if arguments.seeds < 1:
+            raise ValueError(f"--seeds must be at least 1. Received: --seeds {arguments.seeds}")
+        train_seeds(config, run_dir, arguments.seeds)
+        return 0
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except RuntimeError as error:
+        from training import loop
+
+        if not isinstance(error, loop.TrainingDiverged):
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 3

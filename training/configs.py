@@ -1,0 +1,240 @@
+"""Training configurations as data: one default per experiment of the paper, small overrides.
+
+Every knob of a run is a field of `Config`; `CONFIGS` holds the named defaults and
+`Config.override("field=value", ...)` (the command line's `--set`) changes fields.
+Schedules are written in the unit the source uses, iterations at the config's
+`reference_batch_size` or epochs, and converted to steps at run time
+(`Config.to_steps`), so that a different batch size keeps the number of epochs.
+"""
+
+import dataclasses
+
+
+# Per-channel mean and standard deviation of CIFAR-10's training images on the 0-255
+# scale, from the official Torch code (fb.resnet.torch datasets/cifar10.lua).
+CIFAR_MEAN = (125.3, 123.0, 113.9)
+CIFAR_STD = (63.0, 62.1, 66.7)
+# ImageNet's, as fb.resnet.torch uses them (0.485, 0.456, 0.406) x 255 and (0.229,
+# 0.224, 0.225) x 255.
+IMAGENET_MEAN = (123.675, 116.28, 103.53)
+IMAGENET_STD = (58.395, 57.12, 57.375)
+# scikit-learn's 8x8 digits scaled to 0-255 (16 grey levels x 255 / 16): the mean and
+# standard deviation of the 1,437 training images (measured, `training.data`'s split).
+DIGITS_MEAN = (77.89,)
+DIGITS_STD = (95.71,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One training run.
+
+    Attributes:
+        model: a name of `keras_preact.list_models()`.
+        dataset: "digits" (embedded, offline), "cifar10", "cifar100" (tensorflow-datasets),
+            "imagenet2012" (tensorflow-datasets, manual download) or "folder" (an
+            image folder `data_dir/{train,test}/<class>/*.jpg`).
+        data_dir: tensorflow-datasets' data directory, or the image folder's root.
+        image_size: side of the square images the network sees.
+        train_examples, test_examples: use only the first N examples of each split
+            (in a fixed shuffled order); `None` for all.
+        batch_size: global batch size, over all replicas.
+        learning_rate: the rate at `reference_batch_size`; a run at another batch size
+            scales it linearly (`scaled_learning_rate`).
+        reference_batch_size: the batch size the schedule was written for.
+        momentum, nesterov: SGD's.
+        weight_decay: the coupled weight decay of the paper (1e-4).
+        schedule_unit: "steps" (iterations at `reference_batch_size`) or "epochs", for
+            `duration`, `decay_boundaries` and `warmup`.
+        duration: the length of training.
+        decay_boundaries: where the learning rate is multiplied by `decay_factor`.
+        warmup, warmup_learning_rate: a first phase at a fixed small rate; the
+            warm-up rate is scaled with the batch size like `learning_rate`.
+        crop_padding: pixels of zero padding before the random crop (0: no crop).
+        horizontal_flip: random horizontal flips.
+        normalization_mean, normalization_std: per-channel, on the 0-255 scale.
+        evaluate_every: steps between two evaluations on the test set (and the end).
+        checkpoint_every: steps between two checkpoints (and the end).
+        log_every: steps between two rows of the CSV log and TensorBoard.
+        seed: seed of the weights, the data order and the augmentation.
+        strategy: "default", "one_device", "mirrored", "multi_worker" or "tpu".
+        cpu_devices: split the CPU into this many logical devices (for "mirrored").
+        synchronized_batch_norm: BatchNorm statistics over all replicas; the paper
+            computes them per GPU (64 images of a batch of 128), the default.
+        precision: "float32", "mixed_bfloat16" or "mixed_float16".
+        xla: compile the training step with XLA.
+        deterministic: bitwise reproducible runs: deterministic kernels, one thread per
+            kernel, no Grappler rewrites. Slower; a resumed or multi-worker run then
+            ends with exactly the weights of an uninterrupted one-process run.
+    """
+
+    model: str = "resnet110"
+    dataset: str = "cifar10"
+    data_dir: str = None
+    image_size: int = 32
+    train_examples: int = None
+    test_examples: int = None
+    batch_size: int = 128
+    learning_rate: float = 0.1
+    reference_batch_size: int = 128
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 1e-4
+    schedule_unit: str = "steps"
+    duration: float = 64000
+    decay_boundaries: tuple = (32000, 48000)
+    decay_factor: float = 0.1
+    warmup: float = 400
+    warmup_learning_rate: float = 0.01
+    crop_padding: int = 4
+    horizontal_flip: bool = True
+    normalization_mean: tuple = CIFAR_MEAN
+    normalization_std: tuple = CIFAR_STD
+    evaluate_every: int = 4000
+    checkpoint_every: int = 1000
+    log_every: int = 100
+    seed: int = 0
+    strategy: str = "default"
+    cpu_devices: int = 1
+    synchronized_batch_norm: bool = False
+    precision: str = "float32"
+    xla: bool = False
+    deterministic: bool = False
+
+    def __post_init__(self):
+        choices = {
+            "dataset": ("digits", "cifar10", "cifar100", "imagenet2012", "folder"),
+            "schedule_unit": ("steps", "epochs"),
+            "strategy": ("default", "one_device", "mirrored", "multi_worker", "tpu"),
+            "precision": ("float32", "mixed_bfloat16", "mixed_float16"),
+        }
+        for field, allowed in choices.items():
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"{field} must be one of {list(allowed)}. Received: {field}={getattr(self, field)!r}")
+        for field in ("batch_size", "reference_batch_size", "image_size", "evaluate_every", "checkpoint_every",
+                      "log_every", "cpu_devices"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field} must be a positive integer. Received: {field}={value!r}")
+        if self.xla and self.synchronized_batch_norm:
+            raise ValueError(
+                "xla and synchronized_batch_norm cannot be combined: XLA cannot compile BatchNorm's "
+                "cross-replica reduction. Received: xla=True, synchronized_batch_norm=True"
+            )
+        if self.duration <= 0:
+            raise ValueError(f"duration must be positive. Received: duration={self.duration!r}")
+
+    @property
+    def scaled_learning_rate(self):
+        """The learning rate at `batch_size`: linear scaling from `reference_batch_size`."""
+        return self.learning_rate * self.batch_size / self.reference_batch_size
+
+    @property
+    def scaled_warmup_learning_rate(self):
+        return self.warmup_learning_rate * self.batch_size / self.reference_batch_size
+
+    def to_steps(self, amount, steps_per_epoch):
+        """`amount` of `schedule_unit` in steps of `batch_size` examples."""
+        if self.schedule_unit == "epochs":
+            return int(round(amount * steps_per_epoch))
+        return int(round(amount * self.reference_batch_size / self.batch_size))
+
+    def total_steps(self, steps_per_epoch):
+        return self.to_steps(self.duration, steps_per_epoch)
+
+    def override(self, *assignments):
+        """A copy with `field=value` assignments applied; values are parsed by the field's type."""
+        changes = {}
+        fields = {field.name: field for field in dataclasses.fields(self)}
+        for assignment in assignments:
+            name, separator, text = assignment.partition("=")
+            if not separator or name not in fields:
+                raise ValueError(
+                    f"Each override must be field=value with a field of {sorted(fields)}. Received: {assignment!r}"
+                )
+            changes[name] = parse_value(text, getattr(self, name), name)
+        return dataclasses.replace(self, **changes)
+
+
+def parse_value(text, current, name):
+    """Parses `text` as the type of the field's current value."""
+    try:
+        if isinstance(current, bool):
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return text.lower() in ("true", "1", "yes")
+        if isinstance(current, tuple):
+            return tuple(float(part) if "." in part else int(part) for part in text.split(",") if part)
+        if isinstance(current, int):
+            return int(text)
+        if isinstance(current, float):
+            return float(text)
+    except ValueError:
+        raise ValueError(f"{name} takes a {type(current).__name__}. Received: {name}={text!r}") from None
+    if text.lower() == "none":
+        return None
+    if name in ("train_examples", "test_examples"):
+        return int(text)
+    return text
+
+
+CONFIGS = {
+    # Paper appendix, CIFAR-10: SGD 0.9, lr 0.1 (0.01 for the first 400 iterations),
+    # /10 at 32k and 48k iterations, 64k in all, batch 128, weight decay 1e-4.
+    # Paper result (Table 3): ResNet-110 6.37 %, ResNet-164 5.46 % test error.
+    #   python -m training train --config cifar10_paper --set model=resnet164
+    "cifar10_paper": Config(),
+    # The same recipe on CIFAR-100. Paper: ResNet-164 24.33 %, ResNet-1001 22.71 %.
+    #   python -m training train --config cifar100_paper --set model=resnet164
+    "cifar100_paper": Config(dataset="cifar100"),
+    # The official Torch code's ResNet-1001 run (resnet-1k-layers): batch 64, Nesterov,
+    # 200 epochs, /10 at epochs 81 and 122, lr 0.1 at batch 64, no warm-up.
+    # Paper (Table 4): 4.62 % (4.69 +- 0.20) test error on CIFAR-10.
+    #   python -m training train --config cifar10_resnet1001_torch
+    "cifar10_resnet1001_torch": Config(
+        model="resnet1001", batch_size=64, reference_batch_size=64, nesterov=True, schedule_unit="epochs",
+        duration=200, decay_boundaries=(81, 122), warmup=0, evaluate_every=7812, checkpoint_every=781,
+    ),
+    # ImageNet (paper, Section 5, and [1]): lr 0.1, /10 at epochs 30 and 60, batch 256,
+    # 90 epochs as fb.resnet.torch; scale augmentation, 224x224 crops, flips.
+    # Paper (Table 5): ResNet-200 21.7 % / 6.0 % top-1 / top-5 at 224 (20.7 / 5.3 at 320).
+    #   python -m training train --config imagenet_paper --set data_dir=/data/tfds
+    "imagenet_paper": Config(
+        model="resnet200", dataset="imagenet2012", image_size=224, batch_size=256, reference_batch_size=256,
+        schedule_unit="epochs", duration=90, decay_boundaries=(30, 60), warmup=0, crop_padding=0,
+        normalization_mean=IMAGENET_MEAN, normalization_std=IMAGENET_STD, evaluate_every=5000, log_every=100,
+    ),
+    # The main job: a pre-activation ResNet-20 on scikit-learn's 8x8 handwritten digits,
+    # offline, about a minute on 2 CPU cores. One-pixel crops, no flips (a flipped
+    # digit is another symbol); the CIFAR schedule squeezed into 40 epochs.
+    #   python -m training train --config digits_demo
+    "digits_demo": Config(
+        model="resnet20", dataset="digits", image_size=8, batch_size=64, reference_batch_size=128,
+        schedule_unit="epochs", duration=40, decay_boundaries=(20, 30), warmup=1, crop_padding=1,
+        horizontal_flip=False, normalization_mean=DIGITS_MEAN, normalization_std=DIGITS_STD,
+        evaluate_every=100, checkpoint_every=100, log_every=10,
+    ),
+}
+
+
+def get_config(name, overrides=()):
+    """The named config with `field=value` overrides applied.
+
+    Raises:
+        ValueError: for an unknown name or a bad override.
+    """
+    if name not in CONFIGS:
+        raise ValueError(f"Unknown config. Choose one of {sorted(CONFIGS)}. Received: config={name!r}")
+    return CONFIGS[name].override(*overrides)
+
+
+def steps_per_epoch(examples, batch_size):
+    """Full global batches per epoch (the last partial batch is dropped)."""
+    steps = examples // batch_size
+    if steps < 1:
+        raise ValueError(
+            f"batch_size must not exceed the number of training examples ({examples}). Received: batch_size={batch_size}"
+        )
+    return steps
+
+
+

@@ -1,0 +1,267 @@
+"""Input pipelines: data sets, their order, sharding over replicas and workers, batching.
+
+The order of the training examples is a pure function of (seed, epoch, position), so a
+resumed run skips exactly the examples it has seen, before decoding them, and every
+worker of a multi-worker run computes the same order and keeps its own share. Epochs
+use only full global batches.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+import tensorflow as tf
+
+# Where a pipeline's decoding runs in parallel; tf.data picks the degree.
+AUTOTUNE = tf.data.AUTOTUNE
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+# Examples held back as the test split of the digits (the last 360 of scikit-learn's
+# 1,797, about 20 % and 33-37 of each class).
+DIGITS_TEST_EXAMPLES = 360
+# Shuffle buffer of tensorflow-datasets streams (ImageNet's records cannot be indexed).
+STREAM_SHUFFLE_BUFFER = 20000
+
+
+@dataclasses.dataclass
+class Split:
+    """One split: `items` (images, or file paths), `labels`, and how to decode an item.
+
+    `items` is an array indexed by example; `stream`, for data sets too large for
+    memory, a `tf.data.Dataset` of (item, label) in a fixed order, with `size` examples.
+    """
+
+    labels: np.ndarray = None
+    items: np.ndarray = None
+    stream: tf.data.Dataset = None
+    size: int = None
+    decode: object = None
+
+    def __post_init__(self):
+        if self.size is None:
+            self.size = len(self.labels)
+
+
+@dataclasses.dataclass
+class DataSet:
+    train: Split
+    test: Split
+    class_names: list
+    image_shape: tuple
+
+
+def first(split, examples):
+    """The first `examples` of a split, or the whole split for `None`."""
+    if examples is None or examples >= split.size:
+        return split
+    if split.items is None:
+        return dataclasses.replace(split, stream=split.stream.take(examples), size=examples)
+    return dataclasses.replace(split, items=split.items[:examples], labels=split.labels[:examples], size=examples)
+
+
+def load(config):
+    """The data set of `config`, its splits cut to `train_examples` and `test_examples`.
+
+    Raises:
+        FileNotFoundError: for a data directory that does not exist or has no images.
+        ValueError: for an unknown data set.
+    """
+    loaders = {"digits": digits, "folder": image_folder, "cifar10": tfds_dataset, "cifar100": tfds_dataset,
+               "imagenet2012": tfds_dataset}
+    if config.dataset not in loaders:
+        raise ValueError(f"dataset must be one of {sorted(loaders)}. Received: dataset={config.dataset!r}")
+    data = loaders[config.dataset](config)
+    if config.train_examples is not None:
+        # A fixed random subset, not the first files of the first classes.
+        data.train = subset(data.train, config.train_examples, config.seed)
+    data.test = subset(data.test, config.test_examples, config.seed)
+    return data
+
+
+def subset(split, examples, seed):
+    if examples is None or examples >= split.size or split.items is None:
+        return first(split, examples)
+    keep = np.sort(np.random.default_rng(seed).permutation(split.size)[:examples])
+    return dataclasses.replace(split, items=split.items[keep], labels=split.labels[keep], size=examples)
+
+
+def digits(config):
+    """scikit-learn's 1,797 8x8 handwritten digits (UCI), shipped inside the package.
+
+    Pixels of 0-16 are scaled to 0-255 so that the pipeline is the same as for photos.
+    """
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = np.round(bunch.images * 255 / 16).astype("uint8")[..., None]
+    labels = bunch.target.astype("int64")
+    cut = len(images) - DIGITS_TEST_EXAMPLES
+    return DataSet(
+        train=Split(items=images[:cut], labels=labels[:cut]),
+        test=Split(items=images[cut:], labels=labels[cut:]),
+        class_names=[str(digit) for digit in range(10)],
+        image_shape=(8, 8, 1),
+    )
+
+
+def image_folder(config):
+    """An image folder `data_dir/{train,test}/<class>/<image>`, the layout that
+    `tfds.folder_dataset.ImageFolder` and `keras.utils.image_dataset_from_directory` read.
+
+    Classes are the sorted folder names of `train/`. Images are decoded to RGB and, where
+    their size differs from `image_size`, resized.
+    """
+    root = config.data_dir
+    if root is None or not os.path.isdir(os.path.join(root, "train")) or not os.path.isdir(os.path.join(root, "test")):
+        raise FileNotFoundError(
+            "dataset=folder needs data_dir to be a folder with train/ and test/ subfolders of "
+            f"class folders of images. Received: data_dir={root!r}"
+        )
+    class_names = sorted(entry.name for entry in os.scandir(os.path.join(root, "train")) if entry.is_dir())
+    splits = {}
+    for split in ("train", "test"):
+        paths, labels = [], []
+        for label, name in enumerate(class_names):
+            folder = os.path.join(root, split, name)
+            files = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+            paths += [os.path.join(folder, file) for file in files if file.lower().endswith(IMAGE_EXTENSIONS)]
+            labels += [label] * (len(paths) - len(labels))
+        if not paths:
+            raise FileNotFoundError(f"No images in {os.path.join(root, split)}/<class>/. Received: data_dir={root!r}")
+        splits[split] = Split(items=np.array(paths), labels=np.array(labels, "int64"), decode=decode_file(config.image_size))
+    return DataSet(splits["train"], splits["test"], class_names, (config.image_size, config.image_size, 3))
+
+
+def decode_file(image_size):
+    def decode(path):
+        image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        return resize(image, image_size)
+
+    return decode
+
+
+def resize(image, image_size):
+    """`image` at image_size x image_size: unchanged if it already is, else resized."""
+    shape = tf.shape(image)
+    same = tf.logical_and(tf.equal(shape[0], image_size), tf.equal(shape[1], image_size))
+    resized = tf.cond(
+        same, lambda: tf.cast(image, tf.float32), lambda: tf.image.resize(image, (image_size, image_size))
+    )
+    return tf.ensure_shape(resized, (image_size, image_size, None))
+
+
+def tfds_dataset(config):
+    """CIFAR-10, CIFAR-100 or ImageNet through tensorflow-datasets.
+
+    Downloads where the network allows it and nothing is prepared in `data_dir`;
+    ImageNet needs its archives in `data_dir/downloads/manual` (tensorflow-datasets'
+    manual download). Records are read in a fixed order, images decoded after
+    shuffling and sharding.
+    """
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder(config.dataset, data_dir=config.data_dir)
+    try:
+        builder.download_and_prepare()
+    except Exception as error:
+        raise FileNotFoundError(
+            f"Could not find or prepare {config.dataset!r} in {builder.data_dir}: {error}. Download it on a machine "
+            "with internet access (python -m tensorflow_datasets.scripts.download_and_prepare "
+            f"--datasets={config.dataset}) and pass its data directory with --data-dir."
+        ) from error
+    image_feature = builder.info.features["image"]
+    splits = {}
+    for name, split in (("train", "train"), ("test", "test" if "test" in builder.info.splits else "validation")):
+        stream = builder.as_dataset(
+            split=split, shuffle_files=False, as_supervised=True, decoders={"image": tfds.decode.SkipDecoding()}
+        )
+        decode = training_decoder(config, image_feature) if name == "train" else evaluation_decoder(config, image_feature)
+        splits[name] = Split(stream=stream, size=builder.info.splits[split].num_examples, decode=decode)
+    class_names = builder.info.features["label"].names
+    return DataSet(splits["train"], splits["test"], class_names, (config.image_size, config.image_size, 3))
+
+
+def training_decoder(config, image_feature):
+    if config.dataset != "imagenet2012":
+        return lambda encoded: resize(image_feature.decode_example(encoded), config.image_size)
+    return lambda encoded: random_resized_crop(image_feature.decode_example(encoded), config.image_size)
+
+
+def evaluation_decoder(config, image_feature):
+    if config.dataset != "imagenet2012":
+        return lambda encoded: resize(image_feature.decode_example(encoded), config.image_size)
+    return lambda encoded: central_crop(image_feature.decode_example(encoded), config.image_size)
+
+
+# Scale augmentation of fb.resnet.torch ("Inception-style", as the paper's best
+# ResNet-200 result uses): a crop of 8 %-100 % of the area with aspect ratio 3/4-4/3.
+CROP_AREA = (0.08, 1.0)
+CROP_ASPECT_RATIO = (3 / 4, 4 / 3)
+# Evaluation: resize the shorter side to 256 and take the central 224 x 224 ([1]).
+RESIZE_RATIO = 256 / 224
+
+
+def random_resized_crop(image, image_size):
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        tf.shape(image), tf.zeros((1, 0, 4)), area_range=CROP_AREA, aspect_ratio_range=CROP_ASPECT_RATIO,
+        max_attempts=10, use_image_if_no_bounding_boxes=True,
+    )
+    return tf.image.resize(tf.slice(image, begin, size), (image_size, image_size))
+
+
+def central_crop(image, image_size):
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    scale = image_size * RESIZE_RATIO / tf.reduce_min(shape)
+    resized = tf.image.resize(image, tf.cast(tf.round(shape * scale), tf.int32))
+    return tf.image.resize_with_crop_or_pad(resized, image_size, image_size)
+
+
+def epoch_examples(split, epoch, seed, used):
+    """The first `used` examples of `split` in epoch `epoch`'s order: (item, label) pairs."""
+    if split.items is None:
+        shuffle_seed = tf.cast(seed, tf.int64) * 1_000_003 + epoch
+        return split.stream.shuffle(STREAM_SHUFFLE_BUFFER, seed=shuffle_seed).take(used)
+    items, labels = tf.constant(split.items), tf.constant(split.labels)
+    positions = tf.data.Dataset.range(used)
+    order = positions.map(
+        lambda position: tf.random.experimental.index_shuffle(
+            position, seed=tf.stack([tf.constant(seed, tf.int64), epoch]), max_index=split.size - 1
+        )
+    )
+    return order.map(lambda index: (tf.gather(items, index), tf.gather(labels, index)))
+
+
+def training_batches(split, config, steps_per_epoch, first_step, total_steps, input_context=None):
+    """Per-replica batches of `split` for the training steps first_step .. total_steps - 1.
+
+    Global step s uses positions [s G, (s + 1) G) of the stream of epochs, G the global
+    batch; replica r takes [s G + r P, s G + (r + 1) P), P the per-replica batch. A
+    worker keeps its replicas' positions; its replicas take its batches in turn.
+    """
+    pipelines = input_context.num_input_pipelines if input_context else 1
+    pipeline = input_context.input_pipeline_id if input_context else 0
+    replicas = input_context.num_replicas_in_sync if input_context else 1
+    per_replica = config.batch_size // replicas
+    replicas_per_pipeline = replicas // pipelines
+    used = steps_per_epoch * config.batch_size
+    first_position = first_step * config.batch_size
+
+    epochs = tf.data.Dataset.range(first_position // used, -(-total_steps * config.batch_size // used))
+    stream = epochs.flat_map(lambda epoch: epoch_examples(split, epoch, config.seed, used))
+    stream = stream.skip(first_position % used).take((total_steps - first_step) * config.batch_size)
+    mine = stream.enumerate(start=first_position).filter(
+        lambda position, example: (position % config.batch_size) // per_replica // replicas_per_pipeline == pipeline
+    )
+    decode = split.decode or (lambda image: tf.cast(image, tf.float32))
+    images = mine.map(lambda position, example: (decode(example[0]), example[1]), num_parallel_calls=AUTOTUNE)
+    return images.batch(per_replica, drop_remainder=True).prefetch(AUTOTUNE)
+
+
+def evaluation_batches(split, batch_size):
+    """Every example of `split` in its order, in batches of `batch_size` (the last one smaller)."""
+    if split.items is None:
+        examples = split.stream
+    else:
+        examples = tf.data.Dataset.from_tensor_slices((split.items, split.labels))
+    decode = split.decode or (lambda image: tf.cast(image, tf.float32))
+    examples = examples.map(lambda item, label: (decode(item), label), num_parallel_calls=AUTOTUNE)
+    return examples.batch(batch_size).prefetch(AUTOTUNE)

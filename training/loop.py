@@ -1,0 +1,298 @@
+"""The training loop: one `strategy.run` step for every `tf.distribute` strategy.
+
+Keras 3's `model.fit` fails under `MultiWorkerMirroredStrategy` (keras-team/keras#20585);
+a step of our own, `strategy.run` over the recipe's model, optimizer and loss, runs the
+same on one device, several local devices and several machines.
+"""
+
+import csv
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from training import configs, data, plots, recipe
+
+CSV_FIELDS = ["step", "epoch", "loss", "accuracy", "learning_rate", "test_loss", "test_error", "images_per_second"]
+# Evaluation batch size: a memory bound only; results do not depend on it.
+EVALUATION_BATCH = 500
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+def configure(config):
+    """Process-wide settings; call before building anything."""
+    if config.cpu_devices > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * config.cpu_devices)
+    if config.deterministic:
+        tf.config.experimental.enable_op_determinism()
+        # oneDNN's CPU kernels split their sums by thread, and Grappler rewrites a graph of
+        # two replicas differently from a graph of one: one thread per kernel and no
+        # rewrites make the arithmetic independent of how replicas are laid out over
+        # devices, processes and cores (a multi-worker run then equals the one-process run).
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    keras.config.set_dtype_policy(config.precision)
+
+
+def make_strategy(config):
+    """The `tf.distribute` strategy named by `config.strategy`."""
+    if config.strategy == "default":
+        return tf.distribute.get_strategy()
+    if config.strategy == "one_device":
+        gpus = tf.config.list_logical_devices("GPU")
+        return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+    if config.strategy == "mirrored":
+        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+        return tf.distribute.MirroredStrategy([device.name for device in devices])
+    if config.strategy == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def is_chief(strategy):
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return True
+    return resolver.task_type == "chief" or (resolver.task_type == "worker" and resolver.task_id == 0)
+
+
+def synchronize_batch_norm(model):
+    """BatchNorm statistics over all replicas instead of per replica."""
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.synchronized = True
+
+
+def train(config, run_dir, verbose=True):
+    """Trains `config` in `run_dir`, resuming from its last checkpoint; returns the summary.
+
+    Raises:
+        TrainingDiverged: if the loss becomes NaN or infinite (no checkpoint is written).
+        ValueError: if the batch size does not divide over the replicas.
+    """
+    strategy = make_strategy(config)
+    replicas = strategy.num_replicas_in_sync
+    if config.batch_size % replicas:
+        raise ValueError(
+            f"batch_size must be divisible by the number of replicas ({replicas}). Received: batch_size={config.batch_size}"
+        )
+    chief = is_chief(strategy)
+    dataset = data.load(config)
+    steps_per_epoch = configs.steps_per_epoch(dataset.train.size, config.batch_size)
+    total_steps = config.total_steps(steps_per_epoch)
+    keras.utils.set_random_seed(config.seed)
+
+    with strategy.scope():
+        model = recipe.training_model(config, dataset.image_shape, len(dataset.class_names), seed=config.seed)
+        if config.synchronized_batch_norm:
+            synchronize_batch_norm(model)
+        optimizer = recipe.optimizer(config, steps_per_epoch)
+        optimizer.build(model.trainable_variables)
+        checkpoint = training_state(model, optimizer)
+    # Every worker saves (saving is collective); only the chief's copy is kept.
+    checkpoint_dir = os.path.join(run_dir, "checkpoints") if chief else tempfile.mkdtemp()
+    manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir, max_to_keep=3)
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_consumed()
+    first_step = int(optimizer.iterations.numpy())
+
+    per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    def gradients(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = tf.nn.compute_average_loss(per_example_loss(labels, logits), global_batch_size=config.batch_size)
+            regularization = tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            scaled = optimizer.scale_loss(loss + regularization)
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32))
+        return tape.gradient(scaled, model.trainable_variables), loss, correct
+
+    if config.xla:
+        # Only the gradient computation: XLA cannot compile the optimizer's cross-replica update.
+        gradients = tf.function(gradients, jit_compile=True)
+
+    def replica_step(images, labels):
+        grads, loss, correct = gradients(images, labels)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss, correct
+
+    @tf.function
+    def train_step(iterator):
+        loss, correct = strategy.run(replica_step, args=next(iterator))
+        return strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", correct, axis=None)
+
+    moving_statistics = [variable for layer in model._flatten_layers(include_self=False)
+                         if isinstance(layer, keras.layers.BatchNormalization)
+                         for variable in (layer.moving_mean, layer.moving_variance)]
+
+    @tf.function
+    def average_moving_statistics():
+        """Per-replica BatchNorm keeps per-replica moving averages: average them, so that
+        every replica and worker evaluates and saves the same network."""
+        local_values = strategy.run(lambda: [tf.identity(variable) for variable in moving_statistics])
+        for variable, values in zip(moving_statistics, local_values):
+            variable.assign(strategy.reduce("MEAN", values, axis=None))
+
+    @tf.function
+    def predict(images):
+        return model(images, training=False)
+
+    def evaluate():
+        losses, correct, count = 0.0, 0, 0
+        for images, labels in data.evaluation_batches(dataset.test, EVALUATION_BATCH):
+            logits = predict(images)
+            losses += float(tf.reduce_sum(per_example_loss(labels, tf.cast(logits, tf.float32))))
+            correct += int(tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.int32)))
+            count += int(labels.shape[0])
+        return losses / count, 1.0 - correct / count
+
+    log = TrainingLog(run_dir, first_step, chief)
+    if first_step and chief and verbose:
+        print(f"Resuming from {manager.latest_checkpoint} at step {first_step} of {total_steps}.")
+    distributed = strategy.distribute_datasets_from_function(
+        lambda context: data.training_batches(dataset.train, config, steps_per_epoch, first_step, total_steps, context)
+    )
+    iterator = iter(distributed)
+    progress = keras.utils.Progbar(total_steps, stateful_metrics=["loss", "accuracy", "lr", "test_error"],
+                                   verbose=1 if chief and verbose else 0)
+    progress.update(first_step)
+    window_loss, window_correct, window_start, training_seconds = 0.0, 0.0, time.perf_counter(), 0.0
+    window_steps, test_error = 0, None
+    for step in range(first_step + 1, total_steps + 1):
+        loss, correct = train_step(iterator)
+        loss = float(loss)
+        if not math.isfinite(loss):
+            raise TrainingDiverged(
+                f"Training stopped at step {step}: the loss is {loss}. The last checkpoint "
+                f"({manager.latest_checkpoint or 'none'}) is kept; lower the learning rate "
+                f"(--set learning_rate=...) or check the data, then run the same command again."
+            )
+        window_loss, window_correct, window_steps = window_loss + loss, window_correct + float(correct), window_steps + 1
+        learning_rate = float(optimizer.learning_rate)
+        values = [("loss", loss), ("accuracy", float(correct) / config.batch_size), ("lr", learning_rate)]
+        if step % config.log_every == 0 or step == total_steps:
+            elapsed = time.perf_counter() - window_start
+            training_seconds += elapsed
+            row = dict(step=step, epoch=round(step / steps_per_epoch, 3), loss=window_loss / window_steps,
+                       accuracy=window_correct / (window_steps * config.batch_size), learning_rate=learning_rate,
+                       images_per_second=window_steps * config.batch_size / elapsed)
+            if step % config.evaluate_every == 0 or step == total_steps:
+                if replicas > 1:
+                    average_moving_statistics()
+                row["test_loss"], test_error = evaluate()
+                row["test_error"] = test_error
+                values.append(("test_error", test_error))
+            log.write(row)
+            window_loss, window_correct, window_steps, window_start = 0.0, 0.0, 0, time.perf_counter()
+        if step % config.checkpoint_every == 0 or step == total_steps:
+            if replicas > 1:
+                average_moving_statistics()
+            manager.save(checkpoint_number=step)
+        progress.update(step, values)
+
+    if not chief:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    if test_error is None:
+        _, test_error = evaluate()
+    summary = log.finish(config, dataset, model, test_error, training_seconds, total_steps)
+    if verbose:
+        print(
+            f"Final test error {100 * summary['test_error']:.2f} % after {total_steps} steps; "
+            f"{summary['training_images_per_second']:.0f} images/s this session; weights sha256 "
+            f"{summary['weights_sha256'][:16]}; run in {run_dir}."
+        )
+    return summary
+
+
+def weights_digest(model):
+    """SHA-256 of every weight's bytes: equal digests, bitwise equal networks."""
+    digest = hashlib.sha256()
+    for variable in model.weights:
+        digest.update(np.ascontiguousarray(np.array(variable)).tobytes())
+    return digest.hexdigest()
+
+
+def training_state(model, optimizer):
+    """A checkpoint of every variable of the model and the optimizer, by name.
+
+    `model.variables`, not `model.weights`: the augmentation's random state is a
+    variable but not a weight, and a resumed run must draw the same crops and flips.
+    With BatchNorm's moving statistics and every optimizer variable (step count,
+    momentum). TF's object-graph tracking of a Keras 3 model misses sublayers kept in
+    lists (the units' convolutions and BatchNorms), so the variables are listed here.
+    """
+    return tf.train.Checkpoint(model=_by_name(model.variables), optimizer=_by_name(optimizer.variables))
+
+
+def _by_name(variables):
+    # Paths need not be unique (every seed generator's is "seed_generator/..."): number them.
+    return {f"{index}:{variable.path.replace('/', '.')}": variable.value for index, variable in enumerate(variables)}
+
+
+class TrainingLog:
+    """The CSV log, TensorBoard summaries, the plot and the summary of a run (chief only)."""
+
+    def __init__(self, run_dir, first_step, chief):
+        self.run_dir, self.chief = run_dir, chief
+        self.csv_path = os.path.join(run_dir, "log.csv")
+        if not chief:
+            return
+        os.makedirs(run_dir, exist_ok=True)
+        rows = []
+        if os.path.exists(self.csv_path):
+            with open(self.csv_path) as file:
+                # A resumed run drops what was logged after its checkpoint.
+                rows = [row for row in csv.DictReader(file) if int(row["step"]) <= first_step]
+        with open(self.csv_path, "w", newline="") as file:
+            writer = csv.DictWriter(file, CSV_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+        self.writer = tf.summary.create_file_writer(os.path.join(run_dir, "tensorboard"))
+
+    def write(self, row):
+        if not self.chief:
+            return
+        with open(self.csv_path, "a", newline="") as file:
+            csv.DictWriter(file, CSV_FIELDS).writerow(row)
+        with self.writer.as_default(step=row["step"]):
+            for name, value in row.items():
+                if name not in ("step", "epoch"):
+                    tf.summary.scalar(name, value)
+        self.writer.flush()
+
+    def finish(self, config, dataset, model, test_error, training_seconds, total_steps):
+        summary = dict(
+            test_error=test_error, steps=total_steps, training_seconds=round(training_seconds, 2),
+            training_images_per_second=self.images_per_second(),
+            weights_sha256=weights_digest(model),
+            model=config.model, dataset=config.dataset, class_names=dataset.class_names,
+            image_shape=list(dataset.image_shape),
+        )
+        if not self.chief:
+            return summary
+        plots.training_curves(self.csv_path, os.path.join(self.run_dir, "curves.png"), title=f"{config.model} on {config.dataset}")
+        model.save(os.path.join(self.run_dir, "model.keras"))
+        with open(os.path.join(self.run_dir, "summary.json"), "w") as file:
+            json.dump(summary, file, indent=2)
+        return summary
+
+    def images_per_second(self):
+        if not self.chief:
+            return float("nan")
+        with open(self.csv_path) as file:
+            rates = [float(row["images_per_second"]) for row in csv.DictReader(file) if row["images_per_second"]]
+        return float(np.median(rates)) if rates else float("nan")

@@ -1,0 +1,39 @@
+"""Training curves in the style of the paper's Fig. 1 and Fig. 6."""
+
+import csv
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_log(csv_path):
+    with open(csv_path) as file:
+        return list(csv.DictReader(file))
+
+
+def training_curves(csv_path, png_path, title=""):
+    """Test error (%, solid, left axis) and training loss (dashed, right axis) against
+    iterations, as the paper draws them. Returns `png_path`."""
+    rows = read_log(csv_path)
+    figure, error_axis = plt.subplots(figsize=(7, 4.5), dpi=120)
+    loss_axis = error_axis.twinx()
+    steps = [int(row["step"]) for row in rows]
+    loss_axis.plot(steps, [float(row["loss"]) for row in rows], "--", color="tab:blue", linewidth=1, label="training loss")
+    evaluated = [row for row in rows if row["test_error"]]
+    error_axis.plot([int(row["step"]) for row in evaluated], [100 * float(row["test_error"]) for row in evaluated],
+                    "-", color="tab:red", linewidth=2, marker="o" if len(evaluated) < 30 else None, label="test error")
+    error_axis.set_xlabel("iterations")
+    error_axis.set_ylabel("test error (%)")
+    loss_axis.set_ylabel("training loss")
+    error_axis.set_ylim(bottom=0)
+    loss_axis.set_ylim(bottom=0)
+    error_axis.grid(alpha=0.3)
+    lines = error_axis.get_lines() + loss_axis.get_lines()
+    error_axis.legend(lines, [line.get_label() for line in lines], loc="upper right")
+    error_axis.set_title(title)
+    figure.tight_layout()
+    figure.savefig(png_path)
+    plt.close(figure)
+    return png_path

@@ -1,0 +1,154 @@
+"""The paper's training recipe as Keras objects, usable on every backend.
+
+Augmentation and normalisation are Keras layers inside the training model, the
+learning-rate schedule is a Keras `LearningRateSchedule` and the weight decay lives in
+the network (`keras_preact.defaults.weight_regularizer`): `model.fit` on in-memory
+arrays trains with the paper's recipe under TensorFlow, JAX or PyTorch. The TensorFlow
+loop of `training.loop` uses the same objects under `tf.distribute`.
+"""
+
+import keras
+from keras import ops
+
+import keras_preact
+
+
+@keras.saving.register_keras_serializable(package="keras_preact_training")
+class RandomPaddedCrop(keras.layers.Layer):
+    """Pads every image by `padding` zero pixels and crops it back at a random offset.
+
+    The paper's CIFAR augmentation (appendix, after [1]): "4 pixels are padded on each
+    side, and a 32x32 crop is randomly sampled from the padded image". Each image of a
+    batch gets its own offset, uniform over the (2 padding + 1)^2 positions. At
+    inference the layer returns its input (the paper tests on the original image).
+
+    Args:
+        padding: pixels added on each side (4 in the paper).
+        seed: seed of the layer's random generator.
+    """
+
+    def __init__(self, padding=4, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(padding, int) or padding < 0:
+            raise ValueError(f"padding must be an integer >= 0. Received: padding={padding!r}")
+        self.padding = padding
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def call(self, images, training=None):
+        if not training or self.padding == 0:
+            return images
+        pad = self.padding
+        batch = ops.shape(images)[0]
+        height, width, channels = images.shape[1:]
+        padded = ops.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
+        offsets = keras.random.randint((batch, 2), 0, 2 * pad + 1, seed=self.seed_generator)
+        rows = ops.expand_dims(offsets[:, :1], -1) + ops.reshape(ops.arange(height), (1, height, 1))
+        rows = ops.broadcast_to(ops.expand_dims(rows, -1), (batch, height, width + 2 * pad, channels))
+        cropped = ops.take_along_axis(padded, rows, axis=1)
+        columns = ops.expand_dims(offsets[:, 1:], -1) + ops.reshape(ops.arange(width), (1, 1, width))
+        columns = ops.broadcast_to(ops.expand_dims(columns, -1), (batch, height, width, channels))
+        return ops.take_along_axis(cropped, columns, axis=2)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(padding=self.padding, seed=self.seed)
+        return config
+
+
+class WarmupPiecewiseDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """A constant learning rate divided by `decay_factor` at each boundary, after a warm-up.
+
+    The paper's CIFAR schedule: 0.1, divided by 10 at 32k and 48k iterations, with
+    0.01 for the first 400 iterations. Step s (counted from 0, the optimizer's
+    `iterations`) uses `warmup_learning_rate` while s < `warmup_steps`, and
+    `learning_rate * decay_factor ** (number of boundaries <= s)` after.
+
+    Args:
+        learning_rate: the rate after the warm-up.
+        boundaries: steps at which the rate is multiplied by `decay_factor`.
+        decay_factor: 0.1 in the paper.
+        warmup_steps: steps at `warmup_learning_rate` (400 in the paper; 0 for none).
+        warmup_learning_rate: the rate of the warm-up (0.01 in the paper).
+    """
+
+    def __init__(self, learning_rate, boundaries, decay_factor=0.1, warmup_steps=0, warmup_learning_rate=0.0):
+        if list(boundaries) != sorted(boundaries):
+            raise ValueError(f"boundaries must be increasing. Received: boundaries={boundaries!r}")
+        self.learning_rate = float(learning_rate)
+        self.boundaries = [int(boundary) for boundary in boundaries]
+        self.decay_factor = float(decay_factor)
+        self.warmup_steps = int(warmup_steps)
+        self.warmup_learning_rate = float(warmup_learning_rate)
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        decays = ops.sum(ops.cast(ops.greater_equal(step, ops.array(self.boundaries + [float("inf")], "float32")), "float32"))
+        decayed = self.learning_rate * ops.power(self.decay_factor, decays)
+        return ops.where(ops.less(step, float(self.warmup_steps)), self.warmup_learning_rate, decayed)
+
+    def get_config(self):
+        return dict(
+            learning_rate=self.learning_rate,
+            boundaries=self.boundaries,
+            decay_factor=self.decay_factor,
+            warmup_steps=self.warmup_steps,
+            warmup_learning_rate=self.warmup_learning_rate,
+        )
+
+
+def schedule(config, steps_per_epoch):
+    """The learning-rate schedule of `config` (see `training.configs.Config`)."""
+    return WarmupPiecewiseDecay(
+        config.scaled_learning_rate,
+        [config.to_steps(boundary, steps_per_epoch) for boundary in config.decay_boundaries],
+        config.decay_factor,
+        config.to_steps(config.warmup, steps_per_epoch),
+        config.scaled_warmup_learning_rate,
+    )
+
+
+def optimizer(config, steps_per_epoch):
+    """SGD with momentum, as Caffe's: v <- m v - lr g; w <- w + v (Keras' SGD)."""
+    sgd = keras.optimizers.SGD(schedule(config, steps_per_epoch), momentum=config.momentum, nesterov=config.nesterov)
+    return keras.optimizers.LossScaleOptimizer(sgd) if config.precision == "mixed_float16" else sgd
+
+
+def preprocessing(config, seed=None):
+    """The layers between raw pixels (0-255) and the network: augmentation, normalisation."""
+    layers = []
+    if config.crop_padding:
+        layers.append(RandomPaddedCrop(config.crop_padding, seed=seed, name="random_padded_crop"))
+    if config.horizontal_flip:
+        layers.append(keras.layers.RandomFlip("horizontal", seed=seed, name="random_flip"))
+    variance = [std**2 for std in config.normalization_std]
+    layers.append(keras.layers.Normalization(mean=config.normalization_mean, variance=variance, name="normalization"))
+    return layers
+
+
+def training_model(config, input_shape, classes, seed=None):
+    """Raw pixels -> augmentation (training only) -> normalisation -> the network (logits).
+
+    Example, the recipe with plain `model.fit` on arrays (any backend):
+
+    >>> model = training_model(CONFIGS["cifar10_paper"], (32, 32, 3), 10)
+    >>> model.compile(optimizer(config, steps_per_epoch), loss(), metrics=["accuracy"])
+    >>> model.fit(images_uint8, labels, batch_size=128, epochs=164)
+    """
+    network = keras_preact.get_model(
+        config.model,
+        input_shape=input_shape,
+        classes=classes,
+        classifier_activation=None,
+        weight_decay=config.weight_decay,
+    )
+    return keras.Sequential(
+        [keras.Input(input_shape, name="pixels"), *preprocessing(config, seed), network], name=f"train_{network.name}"
+    )
+
+
+def loss():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)

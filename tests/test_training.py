@@ -88,10 +88,18 @@ def test_each_epoch_is_a_new_permutation(digits):
     assert not np.array_equal(first, second)
 
 
-def test_resumed_pipeline_continues_the_same_order(digits):
+def as_stream(split):
+    """The split as data too large for memory: a tf.data stream, not indexable."""
+    stream = tf.data.Dataset.from_tensor_slices((split.items, split.labels))
+    return data.Split(stream=stream, size=split.size)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["indexed", "streamed"])
+def test_resumed_pipeline_continues_the_same_order(digits, streamed):
     config = DIGITS.override("batch_size=64")
-    whole = batches(digits.train, config, 0, 50)
-    resumed = batches(digits.train, config, 31, 50)
+    split = as_stream(digits.train) if streamed else digits.train
+    whole = batches(split, config, 0, 50)
+    resumed = batches(split, config, 31, 50)
     assert len(resumed) == 19
     for (images, labels), (again, again_labels) in zip(whole[31:], resumed):
         np.testing.assert_array_equal(images, again)
@@ -111,6 +119,24 @@ def test_replicas_and_workers_split_each_global_batch(digits, pipelines, replica
         np.testing.assert_array_equal(np.concatenate([piece[1] for piece in pieces]), labels)
 
 
+def test_streamed_epochs_are_reshuffled(digits):
+    config = DIGITS.override("batch_size=479")
+    first, second = [np.concatenate([labels for _, labels in batches(as_stream(digits.train), config, start, start + 3)])
+                     for start in (0, 3)]
+    np.testing.assert_array_equal(np.sort(first), np.sort(digits.train.labels))
+    assert not np.array_equal(first, second)
+
+
+def test_imagenet_crops():
+    image = tf.cast(tf.random.uniform((300, 400, 3), 0, 255, seed=1), tf.uint8)
+    assert data.random_resized_crop(image, 224).shape == (224, 224, 3)
+    centre = data.central_crop(image, 224)
+    # Shorter side resized to 256 (256 x 341), then the central 224 x 224.
+    assert centre.shape == (224, 224, 3)
+    expected = tf.image.resize(image, (256, 341))[16:240, 58:282]
+    np.testing.assert_allclose(centre.numpy(), expected.numpy(), atol=1e-3)
+
+
 def test_image_folder(cifar_folder):
     folder = data.load(configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={cifar_folder}",
                                                                   "train_examples=1000", "test_examples=100"))
@@ -120,6 +146,42 @@ def test_image_folder(cifar_folder):
     assert images.shape == (100, 32, 32, 3) and images.dtype == tf.float32
     assert 0 <= float(tf.reduce_min(images)) and float(tf.reduce_max(images)) <= 255
     assert len(np.unique(labels)) == 10
+
+
+@pytest.fixture(scope="session")
+def tfds_cifar10(cifar_folder, tmp_path_factory):
+    """A real tensorflow-datasets `cifar10` 3.0.2, written from 200 + 100 local JPEGs: the
+    data directory `tfds.load` reads where it cannot download."""
+    import tensorflow_datasets as tfds
+
+    data_dir = tmp_path_factory.mktemp("tfds")
+    names = sorted(os.listdir(os.path.join(cifar_folder, "train")))
+
+    def examples(split, per_class):
+        for label, name in enumerate(names):
+            folder = os.path.join(cifar_folder, split, name)
+            for file in sorted(os.listdir(folder))[:per_class]:
+                image = tf.io.decode_jpeg(tf.io.read_file(os.path.join(folder, file))).numpy()
+                yield f"{name}_{file}", {"id": f"{name}_{file}", "image": image, "label": label}
+
+    features = tfds.features.FeaturesDict({"id": tfds.features.Text(), "image": tfds.features.Image(shape=(32, 32, 3)),
+                                           "label": tfds.features.ClassLabel(names=names)})
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name="cifar10", version="3.0.2", features=features, data_dir=str(data_dir),
+        split_datasets={"train": list(examples("train", 20)), "test": list(examples("test", 10))},
+    )
+    return str(data_dir)
+
+
+def test_tensorflow_datasets_cifar10(tfds_cifar10, tmp_path):
+    dataset = data.load(configs.CONFIGS["cifar10_paper"].override(f"data_dir={tfds_cifar10}"))
+    assert (dataset.train.size, dataset.test.size, dataset.class_names[0]) == (200, 100, "airplane")
+    result = run_training("--config", "cifar10_paper", "--model", "resnet20", "--data-dir", tfds_cifar10,
+                          "--run-dir", str(tmp_path / "run"), "--set", "batch_size=50", "--set", "duration=2",
+                          "--set", "schedule_unit=epochs", "--set", "warmup=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 8 and summary["dataset"] == "cifar10"
 
 
 def test_missing_data_directory_is_a_clear_error(tmp_path):
@@ -248,9 +310,9 @@ def test_multi_worker_equals_mirrored_on_two_devices(tmp_path):
 
 @pytest.mark.parametrize(
     "options",
-    [["--set", "precision=mixed_bfloat16"], ["--set", "xla=true"],
+    [["--set", "precision=mixed_bfloat16"], ["--set", "precision=mixed_float16"], ["--set", "xla=true"],
      ["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "synchronized_batch_norm=true"]],
-    ids=["mixed_bfloat16", "xla", "synchronized_batch_norm"],
+    ids=["mixed_bfloat16", "mixed_float16", "xla", "synchronized_batch_norm"],
 )
 def test_training_options(tmp_path, options):
     result = run_training("--run-dir", str(tmp_path / "run"), *SHORT, "--set", "duration=1", *options)

@@ -35,8 +35,8 @@ class Config:
             image folder `data_dir/{train,test}/<class>/*.jpg`).
         data_dir: tensorflow-datasets' data directory, or the image folder's root.
         image_size: side of the square images the network sees.
-        train_examples, test_examples: use only the first N examples of each split
-            (in a fixed shuffled order); `None` for all.
+        train_examples, test_examples: use only N examples of each split, a fixed
+            random subset (the first N records of a streamed split); `None` for all.
         batch_size: global batch size, over all replicas.
         learning_rate: the rate at `reference_batch_size`; a run at another batch size
             scales it linearly (`scaled_learning_rate`).

@@ -18,8 +18,11 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 # Examples held back as the test split of the digits (the last 360 of scikit-learn's
 # 1,797, about 20 % and 33-37 of each class).
 DIGITS_TEST_EXAMPLES = 360
-# Shuffle buffer of tensorflow-datasets streams (ImageNet's records cannot be indexed).
-STREAM_SHUFFLE_BUFFER = 20000
+# tensorflow-datasets splits up to this size are held in memory as encoded images and
+# indexed like arrays (CIFAR's 50,000 PNGs: about 150 MB); larger ones (ImageNet) are
+# streamed through a shuffle buffer of STREAM_SHUFFLE_BUFFER records.
+IN_MEMORY_EXAMPLES = 100_000
+STREAM_SHUFFLE_BUFFER = 20_000
 
 
 @dataclasses.dataclass
@@ -49,15 +52,6 @@ class DataSet:
     image_shape: tuple
 
 
-def first(split, examples):
-    """The first `examples` of a split, or the whole split for `None`."""
-    if examples is None or examples >= split.size:
-        return split
-    if split.items is None:
-        return dataclasses.replace(split, stream=split.stream.take(examples), size=examples)
-    return dataclasses.replace(split, items=split.items[:examples], labels=split.labels[:examples], size=examples)
-
-
 def load(config):
     """The data set of `config`, its splits cut to `train_examples` and `test_examples`.
 
@@ -70,16 +64,18 @@ def load(config):
     if config.dataset not in loaders:
         raise ValueError(f"dataset must be one of {sorted(loaders)}. Received: dataset={config.dataset!r}")
     data = loaders[config.dataset](config)
-    if config.train_examples is not None:
-        # A fixed random subset, not the first files of the first classes.
-        data.train = subset(data.train, config.train_examples, config.seed)
+    data.train = subset(data.train, config.train_examples, config.seed)
     data.test = subset(data.test, config.test_examples, config.seed)
     return data
 
 
 def subset(split, examples, seed):
-    if examples is None or examples >= split.size or split.items is None:
-        return first(split, examples)
+    """`examples` of the split (all for `None`): a fixed random subset of indexed data, not
+    the first files of the first classes; the first records of a stream."""
+    if examples is None or examples >= split.size:
+        return split
+    if split.items is None:
+        return dataclasses.replace(split, stream=split.stream.take(examples), size=examples)
     keep = np.sort(np.random.default_rng(seed).permutation(split.size)[:examples])
     return dataclasses.replace(split, items=split.items[keep], labels=split.labels[keep], size=examples)
 
@@ -175,7 +171,12 @@ def tfds_dataset(config):
             split=split, shuffle_files=False, as_supervised=True, decoders={"image": tfds.decode.SkipDecoding()}
         )
         decode = training_decoder(config, image_feature) if name == "train" else evaluation_decoder(config, image_feature)
-        splits[name] = Split(stream=stream, size=builder.info.splits[split].num_examples, decode=decode)
+        size = builder.info.splits[split].num_examples
+        if size <= IN_MEMORY_EXAMPLES:
+            encoded, labels = zip(*stream.as_numpy_iterator())
+            splits[name] = Split(items=np.array(encoded, dtype=object), labels=np.array(labels, "int64"), decode=decode)
+        else:
+            splits[name] = Split(stream=stream, size=size, decode=decode)
     class_names = builder.info.features["label"].names
     return DataSet(splits["train"], splits["test"], class_names, (config.image_size, config.image_size, 3))
 
@@ -215,19 +216,30 @@ def central_crop(image, image_size):
     return tf.image.resize_with_crop_or_pad(resized, image_size, image_size)
 
 
-def epoch_examples(split, epoch, seed, used):
-    """The first `used` examples of `split` in epoch `epoch`'s order: (item, label) pairs."""
+def examples_from(split, seed, used, first_position, end_position):
+    """(item, label) at positions first_position .. end_position - 1 of the stream of epochs.
+
+    Each epoch is the first `used` examples of a permutation of the split: for indexed
+    data a stateless index shuffle of (seed, epoch), which a resumed run skips into
+    without reading what it skips; for a stream a seeded shuffle buffer, reshuffled each
+    epoch, which a resumed run reads (without decoding) up to its position.
+    """
     if split.items is None:
-        shuffle_seed = tf.cast(seed, tf.int64) * 1_000_003 + epoch
-        return split.stream.shuffle(STREAM_SHUFFLE_BUFFER, seed=shuffle_seed).take(used)
+        epochs = split.stream.shuffle(STREAM_SHUFFLE_BUFFER, seed=seed).take(used).repeat()
+        return epochs.skip(first_position).take(end_position - first_position)
     items, labels = tf.constant(split.items), tf.constant(split.labels)
-    positions = tf.data.Dataset.range(used)
-    order = positions.map(
-        lambda position: tf.random.experimental.index_shuffle(
-            position, seed=tf.stack([tf.constant(seed, tf.int64), epoch]), max_index=split.size - 1
+
+    def epoch_examples(epoch):
+        order = tf.data.Dataset.range(used).map(
+            lambda position: tf.random.experimental.index_shuffle(
+                position, seed=tf.stack([tf.constant(seed, tf.int64), epoch]), max_index=split.size - 1
+            )
         )
-    )
-    return order.map(lambda index: (tf.gather(items, index), tf.gather(labels, index)))
+        return order.map(lambda index: (tf.gather(items, index), tf.gather(labels, index)))
+
+    epochs = tf.data.Dataset.range(first_position // used, -(-end_position // used))
+    examples = epochs.flat_map(epoch_examples).skip(first_position % used)
+    return examples.take(end_position - first_position)
 
 
 def training_batches(split, config, steps_per_epoch, first_step, total_steps, input_context=None):
@@ -245,9 +257,7 @@ def training_batches(split, config, steps_per_epoch, first_step, total_steps, in
     used = steps_per_epoch * config.batch_size
     first_position = first_step * config.batch_size
 
-    epochs = tf.data.Dataset.range(first_position // used, -(-total_steps * config.batch_size // used))
-    stream = epochs.flat_map(lambda epoch: epoch_examples(split, epoch, config.seed, used))
-    stream = stream.skip(first_position % used).take((total_steps - first_step) * config.batch_size)
+    stream = examples_from(split, config.seed, used, first_position, total_steps * config.batch_size)
     mine = stream.enumerate(start=first_position).filter(
         lambda position, example: (position % config.batch_size) // per_replica // replicas_per_pipeline == pipeline
     )

@@ -70,11 +70,16 @@ def is_chief(strategy):
     return resolver.task_type == "chief" or (resolver.task_type == "worker" and resolver.task_id == 0)
 
 
+def batch_norm_layers(model):
+    """Every BatchNormalization layer of `model`, the units' included (Keras' layer walk)."""
+    return [layer for layer in model._flatten_layers(include_self=False)
+            if isinstance(layer, keras.layers.BatchNormalization)]
+
+
 def synchronize_batch_norm(model):
-    """BatchNorm statistics over all replicas instead of per replica."""
-    for layer in model._flatten_layers(include_self=False):
-        if isinstance(layer, keras.layers.BatchNormalization):
-            layer.synchronized = True
+    """BatchNorm statistics over all replicas instead of per replica (read at call time)."""
+    for layer in batch_norm_layers(model):
+        layer.synchronized = True
 
 
 def train(config, run_dir, verbose=True):
@@ -135,8 +140,7 @@ def train(config, run_dir, verbose=True):
         loss, correct = strategy.run(replica_step, args=next(iterator))
         return strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", correct, axis=None)
 
-    moving_statistics = [variable for layer in model._flatten_layers(include_self=False)
-                         if isinstance(layer, keras.layers.BatchNormalization)
+    moving_statistics = [variable for layer in batch_norm_layers(model)
                          for variable in (layer.moving_mean, layer.moving_variance)]
 
     @tf.function

@@ -1,0 +1,66 @@
+"""Training and input-pipeline throughput on CIFAR-10 JPEGs: is the pipeline ever the bottleneck?
+
+    python bench/training_throughput.py --data-dir ~/.cache/keras-preact/cifar10-jpeg \\
+        --models resnet20 resnet110 resnet164
+
+Prints the machine, then images per second of (a) the input pipeline alone (JPEG
+decoding, shuffling, batching, as training reads it) and (b) training each model with
+the paper's recipe at batch 128 (`python -m training`'s loop; the median over windows
+of `--window` steps after the first, which includes tracing).
+"""
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import tensorflow as tf  # noqa: E402
+
+from training import configs, data, loop  # noqa: E402
+
+
+def machine():
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    return f"{cpu}, {os.cpu_count()} cores, TensorFlow {tf.__version__}, Python {platform.python_version()}"
+
+
+def pipeline_images_per_second(config, batches):
+    dataset = data.load(config)
+    steps_per_epoch = configs.steps_per_epoch(dataset.train.size, config.batch_size)
+    iterator = iter(data.training_batches(dataset.train, config, steps_per_epoch, 0, batches + 5))
+    for _ in range(5):
+        next(iterator)
+    started = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return batches * config.batch_size / (time.perf_counter() - started)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True, help="CIFAR-10 as an image folder (train/, test/)")
+    parser.add_argument("--models", nargs="+", default=["resnet20", "resnet110", "resnet164"])
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--window", type=int, default=4, help="steps per timing window")
+    parser.add_argument("--windows", type=int, default=3)
+    arguments = parser.parse_args()
+    config = configs.CONFIGS["cifar10_paper"].override(
+        "dataset=folder", f"data_dir={arguments.data_dir}", f"batch_size={arguments.batch_size}",
+        "test_examples=500", "schedule_unit=steps", f"reference_batch_size={arguments.batch_size}",
+        f"log_every={arguments.window}", "evaluate_every=100000", "checkpoint_every=100000", "warmup=0",
+        f"duration={arguments.window * (arguments.windows + 1)}",
+    )
+    print(f"machine: {machine()}")
+    print(f"input pipeline, batch {arguments.batch_size}: {pipeline_images_per_second(config, 40):.0f} images/s")
+    for model in arguments.models:
+        with tempfile.TemporaryDirectory() as run_dir:
+            summary = loop.train(config.override(f"model={model}"), run_dir, verbose=False)
+        print(f"training {model}, batch {arguments.batch_size}: {summary['training_images_per_second']:.1f} images/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CIFAR_ARCHIVE = os.path.join(ROOT, "..", "shared", "data", "cifar10-jpeg.tar.xz")
 DIGITS = configs.CONFIGS["digits_demo"]
 # A short digits run: 2 epochs of 22 steps, every event several times.
-SHORT = ["--set", "duration=2", "--set", "checkpoint_every=5", "--set", "evaluate_every=20", "--set", "log_every=5",
+SHORT = ["--set", "duration=2", "--set", "checkpoint_every=5", "--set", "evaluate_every=20", "--set", "log_every=1",
          "--set", "deterministic=true"]
 
 
@@ -223,6 +223,10 @@ def test_cifar10_end_to_end(cifar_folder, tmp_path):
 def test_killed_run_resumes_to_the_same_weights(tmp_path):
     uninterrupted = run_training("--run-dir", str(tmp_path / "whole"), *SHORT)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    # The log gives each step's own rate: one epoch (22 steps) of warm-up at 0.005, then 0.05.
+    rates = {int(row.split(",")[0]): float(row.split(",")[4])
+             for row in (tmp_path / "whole" / "log.csv").read_text().splitlines()[1:]}
+    assert (rates[22], rates[23]) == (pytest.approx(0.005), pytest.approx(0.05))
 
     resumed_dir = tmp_path / "killed"
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")

@@ -9,6 +9,7 @@ Schedules are written in the unit the source uses, iterations at the config's
 
 import dataclasses
 
+from keras_preact import defaults
 
 # Per-channel mean and standard deviation of CIFAR-10's training images on the 0-255
 # scale, from the official Torch code (fb.resnet.torch datasets/cifar10.lua).
@@ -78,7 +79,7 @@ class Config:
     reference_batch_size: int = 128
     momentum: float = 0.9
     nesterov: bool = False
-    weight_decay: float = 1e-4
+    weight_decay: float = defaults.WEIGHT_DECAY
     schedule_unit: str = "steps"
     duration: float = 64000
     decay_boundaries: tuple = (32000, 48000)
@@ -235,6 +236,3 @@ def steps_per_epoch(examples, batch_size):
             f"batch_size must not exceed the number of training examples ({examples}). Received: batch_size={batch_size}"
         )
     return steps
-
-
-

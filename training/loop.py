@@ -174,11 +174,15 @@ def train(config, run_dir, verbose=True):
     progress = keras.utils.Progbar(total_steps, stateful_metrics=["loss", "accuracy", "lr", "test_error"],
                                    verbose=1 if chief and verbose else 0)
     progress.update(first_step)
-    window_loss, window_correct, window_start, training_seconds = 0.0, 0.0, time.perf_counter(), 0.0
-    window_steps, test_error = 0, None
+    # Training time counts the steps only (until their loss is back), not evaluations or checkpoints.
+    window_loss, window_correct, window_seconds, window_steps = 0.0, 0.0, 0.0, 0
+    training_seconds, test_error = 0.0, None
     for step in range(first_step + 1, total_steps + 1):
+        learning_rate = float(optimizer.learning_rate)  # the rate of this step, before it counts
+        started = time.perf_counter()
         loss, correct = train_step(iterator)
         loss = float(loss)
+        window_seconds += time.perf_counter() - started
         if not math.isfinite(loss):
             raise TrainingDiverged(
                 f"Training stopped at step {step}: the loss is {loss}. The last checkpoint "
@@ -186,14 +190,12 @@ def train(config, run_dir, verbose=True):
                 f"(--set learning_rate=...) or check the data, then run the same command again."
             )
         window_loss, window_correct, window_steps = window_loss + loss, window_correct + float(correct), window_steps + 1
-        learning_rate = float(optimizer.learning_rate)
         values = [("loss", loss), ("accuracy", float(correct) / config.batch_size), ("lr", learning_rate)]
         if step % config.log_every == 0 or step == total_steps:
-            elapsed = time.perf_counter() - window_start
-            training_seconds += elapsed
+            training_seconds += window_seconds
             row = dict(step=step, epoch=round(step / steps_per_epoch, 3), loss=window_loss / window_steps,
                        accuracy=window_correct / (window_steps * config.batch_size), learning_rate=learning_rate,
-                       images_per_second=window_steps * config.batch_size / elapsed)
+                       images_per_second=window_steps * config.batch_size / window_seconds)
             if step % config.evaluate_every == 0 or step == total_steps:
                 if replicas > 1:
                     average_moving_statistics()
@@ -201,7 +203,7 @@ def train(config, run_dir, verbose=True):
                 row["test_error"] = test_error
                 values.append(("test_error", test_error))
             log.write(row)
-            window_loss, window_correct, window_steps, window_start = 0.0, 0.0, 0, time.perf_counter()
+            window_loss, window_correct, window_seconds, window_steps = 0.0, 0.0, 0.0, 0
         if step % config.checkpoint_every == 0 or step == total_steps:
             if replicas > 1:
                 average_moving_statistics()

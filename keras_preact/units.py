@@ -131,6 +131,14 @@ class ResidualUnit(keras.layers.Layer):
         """One BatchNorm per index, named bn1, bn2, ... after the convolution they go with."""
         return [blocks.batch_norm(self.weight_decay, f"bn{index}", self.dtype_policy) for index in indices]
 
+    def branches(self, inputs):
+        """(h(x), F(x)): the shortcut path and the residual branch, before they merge.
+
+        Each unit's `call()` merges them as its figure does; `keras_preact.analysis`
+        measures them.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must define its branches")
+
     def post_activation_branch(self, inputs, normalize_last=True):
         """conv-BN-ReLU, ..., conv-BN: F of the original unit (Fig. 4(a))."""
         residual = inputs
@@ -191,9 +199,11 @@ class OriginalUnit(ResidualUnit):
         super().__init__(filters, **kwargs)
         self.norms = self.batch_norms(range(1, len(self.convs) + 1))
 
+    def branches(self, inputs):
+        return self.shortcut_path(inputs), self.post_activation_branch(inputs)
+
     def call(self, inputs, training=None):
-        shortcut = self.shortcut_path(inputs)
-        residual = self.post_activation_branch(inputs)
+        shortcut, residual = self.branches(inputs)
         return ops.relu(self.merge(shortcut, residual))
 
 
@@ -205,9 +215,11 @@ class BatchNormAfterAdditionUnit(ResidualUnit):
         super().__init__(filters, **kwargs)
         self.norms = self.batch_norms(range(1, len(self.convs) + 1))
 
+    def branches(self, inputs):
+        return self.shortcut_path(inputs), self.post_activation_branch(inputs, normalize_last=False)
+
     def call(self, inputs, training=None):
-        shortcut = self.shortcut_path(inputs)
-        residual = self.post_activation_branch(inputs, normalize_last=False)
+        shortcut, residual = self.branches(inputs)
         return ops.relu(self.norms[-1](self.merge(shortcut, residual)))
 
 
@@ -223,9 +235,11 @@ class ReLUBeforeAdditionUnit(ResidualUnit):
         super().__init__(filters, **kwargs)
         self.norms = self.batch_norms(range(1, len(self.convs) + 1))
 
+    def branches(self, inputs):
+        return self.shortcut_path(inputs), ops.relu(self.post_activation_branch(inputs))
+
     def call(self, inputs, training=None):
-        shortcut = self.shortcut_path(inputs)
-        residual = ops.relu(self.post_activation_branch(inputs))
+        shortcut, residual = self.branches(inputs)
         return self.merge(shortcut, residual)
 
 
@@ -275,12 +289,15 @@ class ReLUOnlyPreActivationUnit(PreActivatedUnit):
         super().__init__(filters, **kwargs)
         self.norms = self.batch_norms(range(1, len(self.convs) + 1))
 
-    def call(self, inputs, training=None):
+    def branches(self, inputs):
         shortcut_input, activated = self.split(inputs, ops.relu)
-        shortcut = self.shortcut_path(shortcut_input)
         residual = self.norms[0](self.convs[0](activated))
         for conv, norm in zip(self.convs[1:], self.norms[1:]):
             residual = norm(conv(ops.relu(residual)))
+        return self.shortcut_path(shortcut_input), residual
+
+    def call(self, inputs, training=None):
+        shortcut, residual = self.branches(inputs)
         return self.merge(shortcut, residual)
 
 
@@ -313,13 +330,16 @@ class PreActivationUnit(PreActivatedUnit):
         first = 2 if self.preactivation == "none" else 1
         self.norms = self.batch_norms(range(first, len(self.convs) + 1))
 
-    def call(self, inputs, training=None):
+    def branches(self, inputs):
         shortcut_input, activated = self.split(inputs, lambda x: ops.relu(self.norms[0](x)))
         branch_norms = self.norms if self.preactivation == "none" else self.norms[1:]
-        shortcut = self.shortcut_path(shortcut_input)
         residual = self.convs[0](activated)
         for norm, conv in zip(branch_norms, self.convs[1:]):
             residual = conv(ops.relu(norm(residual)))
+        return self.shortcut_path(shortcut_input), residual
+
+    def call(self, inputs, training=None):
+        shortcut, residual = self.branches(inputs)
         return self.merge(shortcut, residual)
 
 

@@ -253,3 +253,12 @@ def test_default_shapes_and_classes():
     assert kp.ResNet18().input.shape == (None, 224, 224, 3)
     assert kp.ResNet18().output.shape == (None, 1000)
     assert kp.ResNet20().input.shape == (None, 32, 32, 3)
+
+
+@pytest.mark.large
+def test_model_table_lists_every_architecture_with_its_parameters():
+    from keras_preact.__main__ import model_table
+
+    rows = model_table().splitlines()
+    assert len(rows) == 2 + len(architectures.ARCHITECTURES)
+    assert "| `resnet1001` | bottleneck | [111, 111, 111] | 1001 | 10.328M | 10.178M | 10.2M |" in rows

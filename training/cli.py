@@ -43,6 +43,20 @@ def parser():
     train.add_argument("--seeds", type=int, default=1, help="train this many seeds (0, 1, ...) and report "
                        "the median and mean +- std of the final test error, as the paper does")
     commands.add_parser("configs", help="print every config with its fields")
+    diagnose = commands.add_parser(
+        "diagnose", help="measure and plot how signals and gradients propagate through the units",
+        description="Measure, at initialisation and on a batch of real images, the norms of every unit's "
+        "output, residual and shortcut and of the gradient at its input, for the paper's comparisons "
+        "(original vs pre-activation, plain vs residual, scaled and gated shortcuts); write plots and tables.",
+    )
+    diagnose.add_argument("--depths", type=int, nargs="+", default=[110, 164],
+                          help="CIFAR depths for original vs pre-activation (default: 110 164; add 1001)")
+    diagnose.add_argument("--depth", type=int, default=110,
+                          help="depth of the plain, scaled and gated comparisons (default: 110, basic units)")
+    diagnose.add_argument("--batch-size", type=int, default=16, help="images in the batch (default: 16)")
+    diagnose.add_argument("--data-dir", help="CIFAR-10 as an image folder; default: the embedded digits")
+    diagnose.add_argument("--seed", type=int, default=0, help="seed of the networks' initialisation (default: 0)")
+    diagnose.add_argument("--output", default=os.path.join("runs", "diagnose"), help="default: runs/diagnose")
     return main
 
 
@@ -89,6 +103,13 @@ def main(argv=None):
 
             for name, config in configs.CONFIGS.items():
                 print(f"{name}: {dataclasses.asdict(config)}")
+            return 0
+        if arguments.command == "diagnose":
+            from training import diagnose
+
+            diagnose.diagnose(arguments.output, arguments.depths, arguments.depth, arguments.batch_size,
+                              arguments.data_dir, arguments.seed)
+            print(f"Plots and tables in {arguments.output}.")
             return 0
         config = config_from(arguments)
         run_dir = arguments.run_dir or os.path.join("runs", f"{arguments.config}-{config.model}")

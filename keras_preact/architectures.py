@@ -113,7 +113,7 @@ def cifar_depth(depth, form="basic"):
         ValueError: if `depth` is not layers * 3 * n + 2 for the form (6n+2 basic,
             9n+2 bottleneck, 3n+2 single) with n >= 1.
     """
-    units._check_choice("form", form, units.FORMS)
+    units.check_choice("form", form, units.FORMS)
     layers_per_unit = 3 * len(units.FORMS[form].kernel_sizes)
     examples = ", ".join(str(layers_per_unit * n + 2) for n in (1, 2, 3))
     if not isinstance(depth, int) or depth < layers_per_unit + 2 or (depth - 2) % layers_per_unit:

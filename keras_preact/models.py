@@ -84,16 +84,16 @@ def ResNet(
     """
     architecture_name = architecture if isinstance(architecture, str) else None
     if architecture_name is not None:
-        units._check_choice("architecture", architecture_name, architectures.ARCHITECTURES)
+        units.check_choice("architecture", architecture_name, architectures.ARCHITECTURES)
         architecture = architectures.ARCHITECTURES[architecture_name]
     elif not isinstance(architecture, architectures.Architecture):
         raise ValueError(
             "architecture must be an Architecture or one of "
             f"{sorted(architectures.ARCHITECTURES)}. Received: architecture={architecture!r}"
         )
-    units._check_choice("unit", unit, units.UNITS)
-    units._check_choice("shortcut", shortcut, ("identity", "projection"))
-    units._check_choice("pooling", pooling, POOLINGS)
+    units.check_choice("unit", unit, units.UNITS)
+    units.check_choice("shortcut", shortcut, ("identity", "projection"))
+    units.check_choice("pooling", pooling, POOLINGS)
     if merge is not None and not isinstance(merge, merges.Merge):
         raise ValueError(f"merge must be a layer from keras_preact.merges or None. Received: merge={merge!r}")
     weight_decay = defaults.validate_weight_decay(weight_decay)

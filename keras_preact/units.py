@@ -54,7 +54,8 @@ STRIDE_POSITIONS = ("first", "3x3")
 PREACTIVATIONS = ("residual", "shared", "none")
 
 
-def _check_choice(argument, value, choices):
+def check_choice(argument, value, choices):
+    """Raises a ValueError naming `argument`, the accepted `choices` and the received `value`."""
     if value not in choices:
         raise ValueError(f"{argument} must be one of {list(choices)}. Received: {argument}={value!r}")
 
@@ -97,10 +98,10 @@ class ResidualUnit(keras.layers.Layer):
         super().__init__(**kwargs)
         if not isinstance(filters, int) or filters < 1:
             raise ValueError(f"filters must be a positive integer. Received: filters={filters!r}")
-        _check_choice("form", form, FORMS)
-        _check_choice("strides", strides, (1, 2))
-        _check_choice("shortcut", shortcut, shortcuts.SHORTCUTS)
-        _check_choice("stride_on", stride_on, STRIDE_POSITIONS)
+        check_choice("form", form, FORMS)
+        check_choice("strides", strides, (1, 2))
+        check_choice("shortcut", shortcut, shortcuts.SHORTCUTS)
+        check_choice("stride_on", stride_on, STRIDE_POSITIONS)
         if merge is not None and not isinstance(merge, merges.Merge):
             raise ValueError(
                 f"merge must be a layer from keras_preact.merges or None. Received: merge={merge!r}"
@@ -260,7 +261,7 @@ class PreActivatedUnit(ResidualUnit):
 
     def __init__(self, filters, preactivation="residual", **kwargs):
         super().__init__(filters, **kwargs)
-        _check_choice("preactivation", preactivation, PREACTIVATIONS)
+        check_choice("preactivation", preactivation, PREACTIVATIONS)
         self.preactivation = preactivation
 
     def split(self, inputs, activate):

@@ -49,8 +49,8 @@ def parser():
         "output, residual and shortcut and of the gradient at its input, for the paper's comparisons "
         "(original vs pre-activation, plain vs residual, scaled and gated shortcuts); write plots and tables.",
     )
-    diagnose.add_argument("--depths", type=int, nargs="+", default=[110, 164],
-                          help="CIFAR depths for original vs pre-activation (default: 110 164; add 1001)")
+    diagnose.add_argument("--depths", type=int, nargs="+", default=[110, 164, 1001],
+                          help="CIFAR depths for original vs pre-activation (default: 110 164 1001)")
     diagnose.add_argument("--depth", type=int, default=110,
                           help="depth of the plain, scaled and gated comparisons (default: 110, basic units)")
     diagnose.add_argument("--batch-size", type=int, default=16, help="images in the batch (default: 16)")

@@ -78,7 +78,7 @@ def real_images(count, data_dir=None):
     return images.astype("float32"), labels
 
 
-def diagnose(output, depths=(110, 164), depth=110, batch_size=16, data_dir=None, seed=0, verbose=True):
+def diagnose(output, depths=(110, 164, 1001), depth=110, batch_size=16, data_dir=None, seed=0, verbose=True):
     """Measures every comparison and writes the plots and tables to `output`; returns the rows."""
     keras.utils.set_random_seed(seed)
     os.makedirs(output, exist_ok=True)

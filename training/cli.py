@@ -117,13 +117,13 @@ def main(argv=None):
             raise ValueError(f"--seeds must be at least 1. Received: --seeds {arguments.seeds}")
         train_seeds(config, run_dir, arguments.seeds)
         return 0
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except RuntimeError as error:
+    except Exception as error:
         from training import loop
 
-        if not isinstance(error, loop.TrainingDiverged):
+        # Bad input exits with 2, a diverged run with 3, each with its message alone.
+        exit_codes = {ValueError: 2, FileNotFoundError: 2, loop.TrainingDiverged: 3}
+        code = next((code for kind, code in exit_codes.items() if isinstance(error, kind)), None)
+        if code is None:
             raise
         print(f"error: {error}", file=sys.stderr)
-        return 3
+        return code

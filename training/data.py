@@ -150,8 +150,9 @@ def tfds_dataset(config):
 
     Downloads where the network allows it and nothing is prepared in `data_dir`;
     ImageNet needs its archives in `data_dir/downloads/manual` (tensorflow-datasets'
-    manual download). Records are read in a fixed order, images decoded after
-    shuffling and sharding.
+    manual download). Records are read in a fixed order and kept encoded: splits of up
+    to IN_MEMORY_EXAMPLES are held in memory and indexed like arrays, larger ones are
+    streamed. Images are decoded after shuffling and sharding.
     """
     import tensorflow_datasets as tfds
 
@@ -170,7 +171,7 @@ def tfds_dataset(config):
         stream = builder.as_dataset(
             split=split, shuffle_files=False, as_supervised=True, decoders={"image": tfds.decode.SkipDecoding()}
         )
-        decode = training_decoder(config, image_feature) if name == "train" else evaluation_decoder(config, image_feature)
+        decode = decoder(config, image_feature, training=name == "train")
         size = builder.info.splits[split].num_examples
         if size <= IN_MEMORY_EXAMPLES:
             encoded, labels = zip(*stream.as_numpy_iterator())
@@ -181,16 +182,14 @@ def tfds_dataset(config):
     return DataSet(splits["train"], splits["test"], class_names, (config.image_size, config.image_size, 3))
 
 
-def training_decoder(config, image_feature):
+def decoder(config, image_feature, training):
+    """Encoded image -> float image of image_size: ImageNet's random-resized crop (training)
+    or central crop (evaluation); other data sets resized only where their size differs."""
     if config.dataset != "imagenet2012":
-        return lambda encoded: resize(image_feature.decode_example(encoded), config.image_size)
-    return lambda encoded: random_resized_crop(image_feature.decode_example(encoded), config.image_size)
-
-
-def evaluation_decoder(config, image_feature):
-    if config.dataset != "imagenet2012":
-        return lambda encoded: resize(image_feature.decode_example(encoded), config.image_size)
-    return lambda encoded: central_crop(image_feature.decode_example(encoded), config.image_size)
+        crop = resize
+    else:
+        crop = random_resized_crop if training else central_crop
+    return lambda encoded: crop(image_feature.decode_example(encoded), config.image_size)
 
 
 # Scale augmentation of fb.resnet.torch ("Inception-style", as the paper's best

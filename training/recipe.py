@@ -134,9 +134,10 @@ def training_model(config, input_shape, classes, seed=None):
 
     Example, the recipe with plain `model.fit` on arrays (any backend):
 
-    >>> model = training_model(CONFIGS["cifar10_paper"], (32, 32, 3), 10)
-    >>> model.compile(optimizer(config, steps_per_epoch), loss(), metrics=["accuracy"])
-    >>> model.fit(images_uint8, labels, batch_size=128, epochs=164)
+    >>> config = training.configs.CONFIGS["cifar10_paper"]
+    >>> model = training_model(config, (32, 32, 3), classes=10)
+    >>> model.compile(optimizer(config, steps_per_epoch=390), loss(), metrics=["accuracy"])
+    >>> model.fit(images, labels, batch_size=128, epochs=164)  # images: pixels 0-255
     """
     network = keras_preact.get_model(
         config.model,

@@ -197,6 +197,25 @@ def shortcut_gains(units, inputs, training=True):
     return [norm / norms[-1] for norm in norms]
 
 
+def set_batch_norm_statistics(model, images):
+    """Sets every BatchNorm's moving mean and variance to the statistics of `images`.
+
+    An untrained deep network has moving statistics of 0 and 1, and in inference mode a
+    pre-activation net whose residuals add up over hundreds of units overflows. With the
+    statistics of a batch, the inference-mode output on that batch equals the
+    training-mode one: what export and serving tests of untrained networks need.
+    """
+    layers = [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
+    momenta = [layer.momentum for layer in layers]
+    for layer in layers:
+        layer.momentum = 0.0
+    try:
+        model(images, training=True)
+    finally:
+        for layer, momentum in zip(layers, momenta):
+            layer.momentum = momentum
+
+
 def stage_units(model, stage):
     """The units of `stage` (1, 2, ...) of a keras-preact network whose shortcut is the identity."""
     prefix = f"stage{stage}_"

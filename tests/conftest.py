@@ -1,10 +1,14 @@
 import os
+import tarfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CIFAR_ARCHIVE = os.path.join(ROOT, "..", "shared", "data", "cifar10-jpeg.tar.xz")
 
 
 @pytest.fixture(autouse=True)
@@ -88,3 +92,18 @@ def config_round_trip(layer):
     config = layer.get_config()
     rebuilt = type(layer).from_config(config)
     return config, rebuilt.get_config()
+
+
+@pytest.fixture(scope="session")
+def cifar_folder():
+    """CIFAR-10 as JPEG folders, extracted once into the user's cache."""
+    if not os.path.exists(CIFAR_ARCHIVE):
+        pytest.skip(f"CIFAR-10 JPEG archive not found at {os.path.normpath(CIFAR_ARCHIVE)} (see shared/data/README.md)")
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "keras-preact")
+    folder = os.path.join(cache, "cifar10-jpeg")
+    if not os.path.exists(os.path.join(cache, "cifar10-jpeg.done")):
+        os.makedirs(cache, exist_ok=True)
+        with tarfile.open(CIFAR_ARCHIVE, "r:xz") as archive:
+            archive.extractall(cache, filter="data")
+        open(os.path.join(cache, "cifar10-jpeg.done"), "w").close()
+    return folder

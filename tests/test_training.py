@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import time
 
 import keras
@@ -20,7 +19,6 @@ from training import configs, data, loop
 pytestmark = pytest.mark.tensorflow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CIFAR_ARCHIVE = os.path.join(ROOT, "..", "shared", "data", "cifar10-jpeg.tar.xz")
 DIGITS = configs.CONFIGS["digits_demo"]
 # A short digits run: 2 epochs of 22 steps, every event several times.
 SHORT = ["--set", "duration=2", "--set", "checkpoint_every=5", "--set", "evaluate_every=20", "--set", "log_every=1",
@@ -40,21 +38,6 @@ def final_weights(run_dir):
 
 def digest(output):
     return re.search(r"weights sha256 ([0-9a-f]{16})", output).group(1)
-
-
-@pytest.fixture(scope="session")
-def cifar_folder():
-    """CIFAR-10 as JPEG folders, extracted once into the user's cache."""
-    if not os.path.exists(CIFAR_ARCHIVE):
-        pytest.skip(f"CIFAR-10 JPEG archive not found at {os.path.normpath(CIFAR_ARCHIVE)} (see shared/data/README.md)")
-    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "keras-preact")
-    folder = os.path.join(cache, "cifar10-jpeg")
-    if not os.path.exists(os.path.join(cache, "cifar10-jpeg.done")):
-        os.makedirs(cache, exist_ok=True)
-        with tarfile.open(CIFAR_ARCHIVE, "r:xz") as archive:
-            archive.extractall(cache, filter="data")
-        open(os.path.join(cache, "cifar10-jpeg.done"), "w").close()
-    return folder
 
 
 # Input pipelines ------------------------------------------------------------------------

@@ -5,6 +5,9 @@
     python -m training train --config cifar10_paper --data-dir ~/tensorflow_datasets \\
         --strategy mirrored --set batch_size=256
     python -m training configs                                    # the configs and their fields
+    python -m training export --run-dir runs/demo                 # a SavedModel for TF Serving
+    python -m training serve saved_models/digits_resnet20         # TF Serving's REST API, locally
+    python -m training query --model digits_resnet20 digit.png    # top-k classes from a server
 """
 
 import argparse
@@ -57,6 +60,32 @@ def parser():
     diagnose.add_argument("--data-dir", help="CIFAR-10 as an image folder; default: the embedded digits")
     diagnose.add_argument("--seed", type=int, default=0, help="seed of the networks' initialisation (default: 0)")
     diagnose.add_argument("--output", default=os.path.join("runs", "diagnose"), help="default: runs/diagnose")
+    export = commands.add_parser(
+        "export", help="export a trained run as a SavedModel for TF Serving, then check it on a test image",
+        description="Export the model of a finished training run to <output>/<name>/<version>/ with the "
+        "signatures serving_default (encoded images), predict_pixels (uint8) and predict_normalized (float), "
+        "and metadata.json; reload it and print its prediction on the first test image of the run's data.",
+    )
+    export.add_argument("--run-dir", required=True, help="a finished run of `python -m training train`")
+    export.add_argument("--output", default="saved_models", help="folder of exported models (default: saved_models)")
+    export.add_argument("--name", help="model name, the folder TF Serving serves (default: <dataset>_<model>)")
+    export.add_argument("--version", type=int, help="version number (default: one more than the highest there)")
+    export.add_argument("--top-k", type=int, default=5, help="classes each prediction lists (default: 5)")
+    serve = commands.add_parser(
+        "serve", help="serve an exported model over TF Serving's REST API",
+        description="Serve the highest version of a model folder at /v1/models/<name> with TF Serving's REST "
+        "API (GET status and metadata, POST :predict with instances or inputs, images as {\"b64\": ...}).",
+    )
+    serve.add_argument("model_dir", help="the model's folder, e.g. saved_models/digits_resnet20")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8501, help="port (default: 8501, TF Serving's REST port)")
+    serve.add_argument("--max-batch", type=int, default=64, help="most instances per request (default: 64)")
+    serve.add_argument("--verbose", action="store_true", help="log every request")
+    query = commands.add_parser("query", help="send image files to a TF Serving REST endpoint, print top-k classes")
+    query.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP)")
+    query.add_argument("--model", required=True, help="the served model's name")
+    query.add_argument("--server", default="http://127.0.0.1:8501", help="default: http://127.0.0.1:8501")
+    query.add_argument("--top-k", type=int, default=5, help="classes to print per image (default: 5)")
     return main
 
 
@@ -111,6 +140,8 @@ def main(argv=None):
                               arguments.data_dir, arguments.seed)
             print(f"Plots and tables in {arguments.output}.")
             return 0
+        if arguments.command in COMMANDS:
+            return COMMANDS[arguments.command](arguments)
         config = config_from(arguments)
         run_dir = arguments.run_dir or os.path.join("runs", f"{arguments.config}-{config.model}")
         if arguments.seeds < 1:
@@ -121,9 +152,40 @@ def main(argv=None):
         from training import loop
 
         # Bad input exits with 2, a diverged run with 3, each with its message alone.
-        exit_codes = {ValueError: 2, FileNotFoundError: 2, loop.TrainingDiverged: 3}
+        exit_codes = {ValueError: 2, FileNotFoundError: 2, FileExistsError: 2, ConnectionError: 2,
+                      loop.TrainingDiverged: 3}
         code = next((code for kind, code in exit_codes.items() if isinstance(error, kind)), None)
         if code is None:
             raise
         print(f"error: {error}", file=sys.stderr)
         return code
+
+
+def export_command(arguments):
+    """Exports a run, reloads the SavedModel and prints its prediction on a real test image."""
+    from training import export
+
+    path = export.export_run(arguments.run_dir, arguments.output, arguments.name, arguments.version, arguments.top_k)
+    image, label = export.example_image(arguments.run_dir)
+    outputs = export.predict_encoded(path, [image])
+    ranked = ", ".join(f"{name.decode()} {score:.1%}" for name, score in zip(outputs["classes"][0], outputs["scores"][0]))
+    print(f"The reloaded SavedModel on the first test image (a {label!r}, {len(image)} bytes encoded): {ranked}.")
+    return 0
+
+
+def serve_command(arguments):
+    from training import serve
+
+    serve.serve(arguments.model_dir, arguments.host, arguments.port, arguments.max_batch, arguments.verbose)
+    return 0
+
+
+def query_command(arguments):
+    from training import client
+
+    predictions = client.query(arguments.server, arguments.model, arguments.images, top_k=arguments.top_k)
+    client.print_predictions(arguments.images, predictions)
+    return 0
+
+
+COMMANDS = {"export": export_command, "serve": serve_command, "query": query_command}

@@ -6,6 +6,7 @@ same on one device, several local devices and several machines.
 """
 
 import csv
+import dataclasses
 import hashlib
 import json
 import math
@@ -286,7 +287,7 @@ class TrainingLog:
             training_images_per_second=self.images_per_second(),
             weights_sha256=weights_digest(model),
             model=config.model, dataset=config.dataset, class_names=dataset.class_names,
-            image_shape=list(dataset.image_shape),
+            image_shape=list(dataset.image_shape), config=dataclasses.asdict(config),
         )
         if not self.chief:
             return summary

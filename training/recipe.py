@@ -124,9 +124,13 @@ def preprocessing(config, seed=None):
         layers.append(RandomPaddedCrop(config.crop_padding, seed=seed, name="random_padded_crop"))
     if config.horizontal_flip:
         layers.append(keras.layers.RandomFlip("horizontal", seed=seed, name="random_flip"))
-    variance = [std**2 for std in config.normalization_std]
-    layers.append(keras.layers.Normalization(mean=config.normalization_mean, variance=variance, name="normalization"))
+    layers.append(normalization(config.normalization_mean, config.normalization_std))
     return layers
+
+
+def normalization(mean, std):
+    """(pixels - mean) / std per channel, as a Keras layer (the exported models use it too)."""
+    return keras.layers.Normalization(mean=mean, variance=[value**2 for value in std], name="normalization")
 
 
 def training_model(config, input_shape, classes, seed=None):

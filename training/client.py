@@ -1,0 +1,45 @@
+"""A client of TF Serving's REST API (and of `python -m training serve`): standard library only.
+
+    python -m training query --model digits_resnet20 digit.png --top-k 3
+"""
+
+import base64
+import json
+import sys
+import urllib.error
+import urllib.request
+
+
+def query(server, model, paths, signature="serving_default", top_k=None, timeout=60):
+    """Sends image files to a TF Serving REST endpoint; returns one prediction per file.
+
+    Raises:
+        FileNotFoundError: for an image file that does not exist.
+        ValueError: with the server's message, for a request it refused.
+        ConnectionError: if no server answers at `server`.
+    """
+    instances = []
+    for path in paths:
+        with open(path, "rb") as file:
+            instances.append({"b64": base64.b64encode(file.read()).decode("ascii")})
+    body = json.dumps({"signature_name": signature, "instances": instances}).encode()
+    url = f"{server.rstrip('/')}/v1/models/{model}:predict"
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            predictions = json.load(response)["predictions"]
+    except urllib.error.HTTPError as error:
+        raise ValueError(f"{url} answered {error.code}: {json.load(error).get('error')}") from None
+    except urllib.error.URLError as error:
+        raise ConnectionError(f"No server answers at {url}: {error.reason}. Start one with "
+                              f"`python -m training serve saved_models/{model}`.") from None
+    for prediction in predictions:
+        prediction["classes"] = prediction["classes"][:top_k]
+        prediction["scores"] = prediction["scores"][:top_k]
+    return predictions
+
+
+def print_predictions(paths, predictions, file=sys.stdout):
+    for path, prediction in zip(paths, predictions):
+        ranked = ", ".join(f"{name} {score:.1%}" for name, score in zip(prediction["classes"], prediction["scores"]))
+        print(f"{path}: {ranked}", file=file)

@@ -1,0 +1,316 @@
+"""Export networks as SavedModels that TF Serving loads as they are.
+
+`export_saved_model` writes `<directory>/<version>/`, the versioned layout of TF Serving
+(`saved_models/<name>/<version>/` by default), with Keras 3's `keras.export.ExportArchive`
+and three signatures that share one traced network:
+
+    serving_default      images: tf.string [batch]        encoded JPEG/PNG/GIF/BMP bytes
+    predict_pixels       pixels: tf.uint8 [batch, H, W, C]  raw pixels, 0-255
+    predict_normalized   normalized: tf.float32 [batch, H, W, C]  the network's own input
+
+Encoded images are decoded, resized or cropped and normalised inside the graph with the
+functions and layers of training (`training.data`, `training.recipe`). Every signature
+returns `logits`, `probabilities`, `class_ids` (the arg max), and the top-k `classes`
+(names, stored in the graph) with their `scores`. `metadata.json` beside
+`saved_model.pb` records the model, the class names, the input and its preprocessing,
+the training config and the final test error.
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+import shutil
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from training import data, recipe
+
+SIGNATURES = ("serving_default", "predict_pixels", "predict_normalized")
+OUTPUTS = ("logits", "probabilities", "class_ids", "classes", "scores")
+METADATA_FILE = "metadata.json"
+DEFAULT_TOP_K = 5
+DEFAULT_DIRECTORY = "saved_models"
+# How encoded images reach the network's size: resized where their size differs (CIFAR,
+# the digits, image folders; the training pipeline's `data.resize`), or ImageNet's
+# evaluation crop (`data.central_crop`: shorter side to 256/224 of the size, centre crop).
+CROPS = {"resize": data.resize, "central_crop": data.central_crop}
+
+
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+    """From an encoded image to the network's input, as in training.
+
+    Attributes:
+        image_size: side of the square images the network sees.
+        channels: 1 (grey) or 3 (RGB); encoded images are decoded to this many.
+        normalization_mean, normalization_std: per channel, on the 0-255 scale.
+        crop: "resize" or "central_crop" (see `CROPS`).
+    """
+
+    image_size: int
+    channels: int
+    normalization_mean: tuple
+    normalization_std: tuple
+    crop: str = "resize"
+
+    def __post_init__(self):
+        if not isinstance(self.image_size, int) or self.image_size < 1:
+            raise ValueError(f"image_size must be a positive integer. Received: image_size={self.image_size!r}")
+        if self.channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3. Received: channels={self.channels!r}")
+        for field in ("normalization_mean", "normalization_std"):
+            if len(getattr(self, field)) != self.channels:
+                raise ValueError(f"{field} needs one value per channel ({self.channels}). "
+                                 f"Received: {field}={getattr(self, field)!r}")
+        if self.crop not in CROPS:
+            raise ValueError(f"crop must be one of {sorted(CROPS)}. Received: crop={self.crop!r}")
+
+    @classmethod
+    def of(cls, config, channels):
+        """The evaluation preprocessing of a training config (`training.configs.Config`)."""
+        return cls(config.image_size, channels, tuple(config.normalization_mean), tuple(config.normalization_std),
+                   "central_crop" if config.dataset == "imagenet2012" else "resize")
+
+    @property
+    def shape(self):
+        return (self.image_size, self.image_size, self.channels)
+
+    def normalization(self):
+        """The training model's normalisation layer (`training.recipe.normalization`)."""
+        layer = recipe.normalization(self.normalization_mean, self.normalization_std)
+        layer.build((None, *self.shape))
+        return layer
+
+    def decode(self, encoded):
+        """Encoded bytes -> float32 pixels (0-255) of the network's size, as `training.data`."""
+        image = tf.io.decode_image(encoded, channels=self.channels, expand_animations=False)
+        return tf.ensure_shape(CROPS[self.crop](image, self.image_size), self.shape)
+
+
+def logits_function(network):
+    """x -> logits of a classifier whose last layer is a Dense with softmax or no activation.
+
+    keras-preact's networks end in softmax by default (Keras Applications); the logits
+    are then the classifier's pre-activation, computed with its own kernel and bias.
+    """
+    classifier = network.layers[-1] if network.layers else None
+    if not isinstance(classifier, keras.layers.Dense):
+        raise ValueError("export needs a classifier whose last layer is a Dense layer (include_top=True). "
+                         f"Received: a model whose last layer is {type(classifier).__name__}")
+    activation = keras.activations.serialize(classifier.activation)
+    if activation == "linear":
+        return network
+    if activation != "softmax":
+        raise ValueError("The classifier's activation must be softmax or None (logits). "
+                         f"Received: classifier activation {activation!r}")
+    features = keras.Model(network.input, classifier.input)
+    return lambda images: tf.matmul(features(images), classifier.kernel) + classifier.bias
+
+
+def export_saved_model(network, directory, class_names, preprocessing, *, version=None, top_k=DEFAULT_TOP_K,
+                       metadata=None, normalization=None, verbose=True):
+    """Writes `network` as the SavedModel `<directory>/<version>/` and its metadata.
+
+    Args:
+        network: a Keras classifier from normalised images to logits or probabilities
+            (a keras-preact network, any `classifier_activation` of softmax or None).
+        directory: the model's folder, e.g. "saved_models/resnet110"; its base name is the
+            model name TF Serving serves.
+        class_names: one name per output, in the order of the classifier.
+        preprocessing: a `Preprocessing`: image size, channels, normalisation, crop.
+        version: a positive integer; default: one more than the highest in `directory`.
+        top_k: how many classes and scores each prediction lists (at most all classes).
+        metadata: more JSON-serialisable facts for `metadata.json` (training config,
+            test error, ...).
+        normalization: the training model's own normalisation layer, if there is one;
+            default: a new one from `preprocessing`.
+        verbose: print where the model went and how long it took.
+
+    Returns:
+        The path of the version folder.
+
+    Raises:
+        ValueError: for class names that do not match the classifier, a bad version or
+            top_k, or an input shape that is not the preprocessing's.
+        FileExistsError: if the version exists (TF Serving may be serving it).
+    """
+    started = time.perf_counter()
+    class_names = [str(name) for name in class_names]
+    classes = network.output_shape[-1]
+    if len(class_names) != classes:
+        raise ValueError(f"class_names needs one name per output of the network ({classes}). "
+                         f"Received: {len(class_names)} names")
+    if tuple(network.input_shape[1:]) != preprocessing.shape:
+        raise ValueError(f"The network's input shape {tuple(network.input_shape[1:])} differs from the "
+                         f"preprocessing's {preprocessing.shape}.")
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a positive integer. Received: top_k={top_k!r}")
+    version = next_version(directory) if version is None else version
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError(f"version must be a positive integer. Received: version={version!r}")
+    path = os.path.join(directory, str(version))
+    if os.path.exists(path):
+        raise FileExistsError(f"{path} exists; choose another version (TF Serving serves the highest). "
+                              f"Received: version={version}")
+
+    normalization = normalization or preprocessing.normalization()
+    logits_of = logits_function(network)
+    names = tf.constant(class_names)
+    top_k = min(top_k, classes)
+
+    # One traced network behind the three signatures: a deep net is traced once, not thrice.
+    @tf.function(input_signature=[tf.TensorSpec((None, *preprocessing.shape), tf.float32)])
+    def predict(normalized):
+        logits = tf.cast(logits_of(normalized), tf.float32)
+        probabilities = tf.nn.softmax(logits)
+        scores, indices = tf.math.top_k(probabilities, k=top_k)
+        return dict(logits=logits, probabilities=probabilities, class_ids=tf.argmax(logits, axis=-1),
+                    classes=tf.gather(names, indices), scores=scores)
+
+    def from_pixels(pixels):
+        return predict(tf.cast(normalization(pixels), tf.float32))
+
+    def serving_default(images):
+        pixels = tf.map_fn(preprocessing.decode, images, fn_output_signature=tf.TensorSpec(preprocessing.shape))
+        return from_pixels(pixels)
+
+    def predict_pixels(pixels):
+        return from_pixels(tf.cast(pixels, tf.float32))
+
+    archive = keras.export.ExportArchive()
+    archive.track(network)
+    archive.track(normalization)
+    archive.add_endpoint("serving_default", serving_default, [tf.TensorSpec((None,), tf.string, name="images")])
+    archive.add_endpoint("predict_pixels", predict_pixels,
+                         [tf.TensorSpec((None, *preprocessing.shape), tf.uint8, name="pixels")])
+    archive.add_endpoint("predict_normalized", predict,
+                         [tf.TensorSpec((None, *preprocessing.shape), tf.float32, name="normalized")])
+
+    # Written beside the final folder and renamed: TF Serving, polling `directory`, never
+    # sees a half-written version.
+    partial = os.path.join(directory, f".partial-{version}")
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(directory, exist_ok=True)
+    archive.write_out(partial, verbose=False)
+    description = dict(
+        name=os.path.basename(os.path.normpath(directory)), version=version, class_names=class_names,
+        input=dict(dataclasses.asdict(preprocessing), pixel_range=[0, 255]),
+        signatures={name: signature_description(name, preprocessing) for name in SIGNATURES},
+        outputs=list(OUTPUTS), top_k=top_k, network=network.name,
+        exported=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        versions=dict(keras=keras.__version__, tensorflow=tf.__version__),
+        **(metadata or {}),
+    )
+    with open(os.path.join(partial, METADATA_FILE), "w") as file:
+        json.dump(description, file, indent=2)
+    os.rename(partial, path)
+    if verbose:
+        print(f"Exported {network.name} to {path} in {time.perf_counter() - started:.1f} s "
+              f"({directory_megabytes(path):.1f} MB).")
+    return path
+
+
+def signature_description(name, preprocessing):
+    height, width, channels = preprocessing.shape
+    return {
+        "serving_default": "images: tf.string [batch], encoded JPEG/PNG/GIF/BMP images of any size",
+        "predict_pixels": f"pixels: tf.uint8 [batch, {height}, {width}, {channels}], 0-255",
+        "predict_normalized": f"normalized: tf.float32 [batch, {height}, {width}, {channels}], "
+                              "(pixels - normalization_mean) / normalization_std",
+    }[name]
+
+
+def next_version(directory):
+    return 1 + max(versions(directory), default=0)
+
+
+def versions(directory):
+    """The version numbers present in a model's folder (TF Serving's numbered subfolders)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(entry.name) for entry in os.scandir(directory) if entry.is_dir() and entry.name.isdigit())
+
+
+def latest_version(directory):
+    """`directory/<highest version>`, the one TF Serving serves by default.
+
+    Raises:
+        FileNotFoundError: if `directory` holds no numbered version with a SavedModel.
+    """
+    found = [version for version in versions(directory)
+             if os.path.exists(os.path.join(directory, str(version), "saved_model.pb"))]
+    if not found:
+        raise FileNotFoundError(f"No SavedModel version folder (<directory>/<number>/saved_model.pb) in "
+                                f"{directory}. Export one with `python -m training export`. Received: {directory!r}")
+    return os.path.join(directory, str(found[-1]))
+
+
+def read_metadata(version_path):
+    with open(os.path.join(version_path, METADATA_FILE)) as file:
+        return json.load(file)
+
+
+def directory_megabytes(path):
+    return sum(os.path.getsize(os.path.join(root, file)) for root, _, files in os.walk(path) for file in files) / 2**20
+
+
+def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k=DEFAULT_TOP_K, verbose=True):
+    """Exports the model a `python -m training train` run saved, with its run's facts.
+
+    The run's `model.keras` is the training model (augmentation, normalisation, network);
+    its normalisation layer and network are exported. The name defaults to
+    "<dataset>_<model>".
+
+    Raises:
+        FileNotFoundError: if `run_dir` has no finished run (model.keras, summary.json).
+    """
+    model_path, summary_path = (os.path.join(run_dir, file) for file in ("model.keras", "summary.json"))
+    if not (os.path.exists(model_path) and os.path.exists(summary_path)):
+        raise FileNotFoundError(f"{run_dir} holds no finished training run (model.keras and summary.json); train "
+                                f"with `python -m training train --run-dir {run_dir}` first. Received: {run_dir!r}")
+    with open(summary_path) as file:
+        summary = json.load(file)
+    config = run_config(summary)
+    training_model = keras.saving.load_model(model_path)
+    network = training_model.layers[-1]
+    preprocessing = Preprocessing.of(config, channels=summary["image_shape"][-1])
+    name = name or f"{summary['dataset']}_{summary['model']}"
+    metadata = dict(model=summary["model"], dataset=summary["dataset"], test_error=summary["test_error"],
+                    training_steps=summary["steps"], training_config=summary.get("config"))
+    return export_saved_model(network, os.path.join(output, name), summary["class_names"], preprocessing,
+                              version=version, top_k=top_k, metadata=metadata,
+                              normalization=training_model.get_layer("normalization"), verbose=verbose)
+
+
+def run_config(summary):
+    from training import configs
+
+    return configs.Config(**{field: tuple(value) if isinstance(value, list) else value
+                             for field, value in summary["config"].items()})
+
+
+def example_image(run_dir):
+    """(encoded bytes, true class) of the first test image of a run's data set."""
+    with open(os.path.join(run_dir, "summary.json")) as file:
+        config = run_config(json.load(file))
+    dataset = data.load(dataclasses.replace(config, test_examples=None))
+    split = dataset.test
+    item, label = (split.items[0], split.labels[0]) if split.items is not None else next(iter(split.stream))
+    item = item.numpy() if hasattr(item, "numpy") else item
+    if isinstance(item, np.ndarray) and item.ndim == 3:
+        encoded = tf.io.encode_png(item).numpy()
+    elif isinstance(item, (str, np.str_)):
+        encoded = tf.io.read_file(str(item)).numpy()
+    else:
+        encoded = bytes(item)
+    return encoded, dataset.class_names[int(label)]
+
+
+def predict_encoded(version_path, encoded_images):
+    """The reloaded SavedModel's `serving_default` outputs for encoded images, as NumPy."""
+    signature = tf.saved_model.load(version_path).signatures["serving_default"]
+    return {name: value.numpy() for name, value in signature(images=tf.constant(encoded_images)).items()}

@@ -1,0 +1,258 @@
+"""A local server that speaks TF Serving's REST API, and a client for it.
+
+    python -m training serve saved_models/<name> [--port 8501]
+    python -m training query --model <name> image.jpg ...   (training.client)
+
+The server (this module) loads the highest version of a model folder, as TF Serving does, and answers
+
+    GET  /v1/models/<name>[/versions/<version>]            the model's status
+    GET  /v1/models/<name>[/versions/<version>]/metadata   its signatures and metadata.json
+    POST /v1/models/<name>[/versions/<version>]:predict    predictions
+
+with the request and response bodies of TF Serving's REST API
+(https://www.tensorflow.org/tfx/serving/api_rest): `{"signature_name": ..., "instances":
+[...]}` (row format, answered with "predictions") or `{"inputs": ...}` (columnar,
+answered with "outputs"); binary values such as encoded images as `{"b64": "..."}`. A
+client written for TF Serving works against it unchanged. Bad requests get HTTP 400 and
+`{"error": "..."}` and the server goes on serving; requests are served concurrently, each
+in its own thread. It is a small server for local use and tests: production serves the
+same folder with TF Serving itself (see the README).
+"""
+
+import base64
+import http.server
+import json
+import os
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from training import export
+
+DEFAULT_PORT = 8501  # TF Serving's REST port
+DEFAULT_MAX_BATCH = 64
+# The largest request body read: 64 encoded 224 x 224 JPEGs take about 2 MB.
+MAX_BODY_BYTES = 64 * 2**20
+ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?(?P<action>:predict|/metadata)?$")
+
+
+class BadRequest(ValueError):
+    """A request the server cannot answer; `status` is its HTTP status."""
+
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.status = status
+
+
+class ModelServer:
+    """The highest version of one exported model, and TF Serving's REST semantics over it.
+
+    Args:
+        directory: the model's folder, `saved_models/<name>`.
+        max_batch: the most instances one request may hold.
+    """
+
+    def __init__(self, directory, max_batch=DEFAULT_MAX_BATCH):
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive integer. Received: max_batch={max_batch!r}")
+        self.path = export.latest_version(directory)
+        self.name = os.path.basename(os.path.normpath(directory))
+        self.version = int(os.path.basename(self.path))
+        self.max_batch = max_batch
+        self.metadata = export.read_metadata(self.path)
+        self.loaded = tf.saved_model.load(self.path)
+        self.signatures = dict(self.loaded.signatures)
+
+    def status(self):
+        return {"model_version_status": [
+            {"version": str(self.version), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+        ]}
+
+    def describe(self):
+        signature_def = {}
+        for name, function in self.signatures.items():
+            inputs = {key: tensor_info(spec) for key, spec in function.structured_input_signature[1].items()}
+            outputs = {key: tensor_info(spec) for key, spec in function.structured_outputs.items()}
+            signature_def[name] = {"inputs": inputs, "outputs": outputs, "method_name": "tensorflow/serving/predict"}
+        return {"model_spec": {"name": self.name, "signature_name": "", "version": str(self.version)},
+                "metadata": {"signature_def": {"signature_def": signature_def}, "keras_preact": self.metadata}}
+
+    def check_version(self, version):
+        if version is not None and int(version) != self.version:
+            raise BadRequest(f"Servable not found for request: Specific({self.name}, {version}); this server "
+                             f"serves version {self.version}.", status=404)
+
+    def predict(self, body):
+        """The response to a `:predict` request body (bytes), as a JSON-ready dict.
+
+        Raises:
+            BadRequest: for malformed JSON, an unknown signature, a missing, mistyped or
+                misshapen input, too large a batch, or undecodable images.
+        """
+        try:
+            request = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise BadRequest(f"The request body is not valid JSON: {error}") from None
+        if not isinstance(request, dict):
+            raise BadRequest(f"The request must be a JSON object. Received: {type(request).__name__}")
+        name = request.get("signature_name", "serving_default")
+        if name not in self.signatures:
+            raise BadRequest(f"Unknown signature_name. Choose one of {sorted(self.signatures)}. Received: {name!r}")
+        unknown = sorted(set(request) - {"signature_name", "instances", "inputs"})
+        if unknown or ("instances" in request) == ("inputs" in request):
+            raise BadRequest("The request needs exactly one of 'instances' (row format) or 'inputs' (columnar), "
+                             f"and optionally 'signature_name'. Received keys: {sorted(request)}")
+        function = self.signatures[name]
+        (key, spec), = function.structured_input_signature[1].items()
+        row_format = "instances" in request
+        values = request["instances"] if row_format else request["inputs"]
+        if row_format and isinstance(values, list):
+            values = [value[key] if isinstance(value, dict) and key in value else value for value in values]
+        elif not row_format and isinstance(values, dict) and key in values:
+            values = values[key]
+        tensor = to_tensor(values, spec, key, self.max_batch)
+        try:
+            outputs = function(**{key: tensor})
+        except tf.errors.InvalidArgumentError as error:
+            raise BadRequest(undecodable(tensor) if spec.dtype == tf.string else first_line(error)) from None
+        outputs = {output: to_json(value.numpy()) for output, value in outputs.items()}
+        if not row_format:
+            return {"outputs": outputs}
+        return {"predictions": [dict(zip(outputs, row)) for row in zip(*outputs.values())]}
+
+
+def to_tensor(values, spec, key, max_batch):
+    """The JSON value of input `key` as a tensor of `spec`, or a BadRequest that says why not."""
+    if not isinstance(values, list) or not values:
+        raise BadRequest(f"Input {key!r} must be a non-empty list, one entry per instance. "
+                         f"Received: {type(values).__name__}")
+    if len(values) > max_batch:
+        raise BadRequest(f"Too many instances: this server takes at most {max_batch} per request "
+                         f"(--max-batch). Received: {len(values)}")
+    if spec.dtype == tf.string:
+        return tf.constant([binary(value, key, index) for index, value in enumerate(values)])
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (ValueError, TypeError):
+        raise BadRequest(f"Input {key!r} must be a rectangular array of numbers of shape {shape_text(spec)}.") from None
+    expected = spec.shape.as_list()
+    if array.ndim != len(expected) or any(want is not None and want != got for want, got in zip(expected, array.shape)):
+        raise BadRequest(f"Input {key!r} must have shape {shape_text(spec)}. Received: shape "
+                         f"{tuple(array.shape)}")
+    if spec.dtype == tf.uint8 and (np.any(array < 0) or np.any(array > 255) or np.any(array != np.round(array))):
+        raise BadRequest(f"Input {key!r} holds uint8 pixels: integers from 0 to 255.")
+    if not np.all(np.isfinite(array)):
+        raise BadRequest(f"Input {key!r} holds a NaN or infinite value.")
+    return tf.constant(array.astype(spec.dtype.as_numpy_dtype))
+
+
+def binary(value, key, index):
+    if isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
+        try:
+            return base64.b64decode(value["b64"], validate=True)
+        except ValueError as error:
+            raise BadRequest(f"Instance {index} of {key!r}: invalid base64 ({error}).") from None
+    if isinstance(value, str):
+        return value.encode()
+    raise BadRequest(f"Instance {index} of {key!r} must be {{\"b64\": \"<base64 of the image file>\"}}. "
+                     f"Received: {json.dumps(value)[:80]}")
+
+
+def undecodable(images):
+    """The message for a batch of encoded images that failed: which ones, and why."""
+    failures = []
+    for index, encoded in enumerate(images):
+        try:
+            tf.io.decode_image(encoded, expand_animations=False)
+        except tf.errors.InvalidArgumentError as error:
+            failures.append(f"instance {index} ({len(encoded.numpy())} bytes): {first_line(error)}")
+    if not failures:
+        return "The images could not be processed."
+    return "Could not decode the image bytes (JPEG, PNG, GIF or BMP expected): " + "; ".join(failures)
+
+
+def first_line(error):
+    """TensorFlow's message without its graph and op decorations."""
+    message = str(getattr(error, "message", error)).strip().splitlines()[0]
+    return re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", message)
+
+
+def shape_text(spec):
+    return "[" + ", ".join("batch" if size is None else str(size) for size in spec.shape.as_list()) + "]"
+
+
+def tensor_info(spec):
+    return {"dtype": spec.dtype.name, "tensor_shape": [-1 if size is None else size for size in spec.shape.as_list()],
+            "name": spec.name}
+
+
+def to_json(array):
+    if array.dtype == object:
+        return np.vectorize(lambda value: value.decode("utf-8", "replace"), otypes=[object])(array).tolist()
+    return array.tolist()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server_version = "keras-preact-serving"
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        self.answer(lambda route: (self.server.model.describe() if route["action"] == "/metadata"
+                                   else self.server.model.status()), action=(None, "/metadata"))
+
+    def do_POST(self):
+        def predict(route):
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY_BYTES:
+                raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes. "
+                                 f"Received: {length}", status=413)
+            return self.server.model.predict(self.rfile.read(length))
+
+        self.answer(predict, action=(":predict",))
+
+    def answer(self, respond, action):
+        try:
+            route = ROUTE.match(self.path.split("?")[0])
+            model = self.server.model
+            if not route or route["name"] != model.name or route["action"] not in action:
+                raise BadRequest(f"No such resource: {self.command} {self.path}. This server serves "
+                                 f"/v1/models/{model.name} (GET), .../metadata (GET) and ...:predict (POST).", 404)
+            model.check_version(route["version"])
+            status, response = 200, respond(route)
+        except BadRequest as error:
+            status, response = error.status, {"error": str(error)}
+        except Exception as error:  # the server keeps serving whatever one request does
+            status, response = 500, {"error": f"{type(error).__name__}: {first_line(error)}"}
+        body = json.dumps(response).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format, *arguments):
+        if self.server.verbose:
+            super().log_message(format, *arguments)
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, model, host, port, verbose=False):
+        super().__init__((host, port), Handler)
+        self.model, self.verbose = model, verbose
+
+
+def serve(directory, host="127.0.0.1", port=DEFAULT_PORT, max_batch=DEFAULT_MAX_BATCH, verbose=False):
+    """Serves the highest version of `directory` until interrupted."""
+    model = ModelServer(directory, max_batch)
+    server = Server(model, host, port, verbose)
+    print(f"Serving {model.name} version {model.version} ({model.path}) at "
+          f"http://{host}:{server.server_port}/v1/models/{model.name}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

@@ -1,0 +1,238 @@
+"""`python -m training serve`: TF Serving's REST API over HTTP, against the real server process."""
+
+import base64
+import concurrent.futures
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_preact
+from tests.test_export import CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
+from training import export
+
+pytestmark = pytest.mark.tensorflow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_BATCH = 16
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def b64(encoded):
+    return {"b64": base64.b64encode(encoded).decode("ascii")}
+
+
+class Client:
+    def __init__(self, url):
+        self.url = url
+
+    def get(self, path):
+        return self.send(urllib.request.Request(self.url + path))
+
+    def post(self, path, body):
+        body = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return self.send(urllib.request.Request(self.url + path, body, {"Content-Type": "application/json"}))
+
+    @staticmethod
+    def send(request):
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as error:
+            return error.code, json.load(error)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A calibrated ResNet-20 exported to saved_models/cifar10_resnet20/1 and served on 127.0.0.1."""
+    pixels = random_pixels(16, CIFAR, seed=3)
+    network = calibrated(keras_preact.ResNet20(input_shape=CIFAR.shape, classes=10), CIFAR, pixels)
+    directory = tmp_path_factory.mktemp("saved_models") / "cifar10_resnet20"
+    export.export_saved_model(network, str(directory), CIFAR_CLASSES, CIFAR, verbose=False)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "training", "serve", str(directory), "--port", str(port), "--max-batch", str(MAX_BATCH)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow"),
+    )
+    line = server.stdout.readline()
+    assert line.startswith("Serving cifar10_resnet20 version 1"), server.stderr.read()[-3000:]
+    yield network, Client(f"http://127.0.0.1:{port}"), pixels, directory
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def jpegs(pixels):
+    return [tf.io.encode_jpeg(image, quality=95).numpy() for image in pixels]
+
+
+def decoded(encoded):
+    """The pixels the server sees for JPEG bytes (JPEG is lossy; decoding is deterministic)."""
+    return np.stack([tf.io.decode_jpeg(image).numpy() for image in encoded])
+
+
+def assert_prediction_matches(prediction, expected, row):
+    np.testing.assert_allclose(prediction["logits"], expected["logits"][row], atol=1e-4)
+    np.testing.assert_allclose(prediction["probabilities"], expected["probabilities"][row], atol=1e-5)
+    assert prediction["class_ids"] == expected["class_ids"][row]
+    assert prediction["classes"] == expected["classes"][row].tolist()
+    np.testing.assert_allclose(prediction["scores"], expected["scores"][row], atol=1e-5)
+
+
+def test_status_and_metadata(served):
+    _, client, _, _ = served
+    assert client.get("/v1/models/cifar10_resnet20") == (200, {"model_version_status": [
+        {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]})
+    assert client.get("/v1/models/cifar10_resnet20/versions/1")[0] == 200
+    status, metadata = client.get("/v1/models/cifar10_resnet20/metadata")
+    assert status == 200 and metadata["model_spec"] == {"name": "cifar10_resnet20", "signature_name": "", "version": "1"}
+    signatures = metadata["metadata"]["signature_def"]["signature_def"]
+    assert sorted(signatures) == sorted(export.SIGNATURES)
+    assert signatures["serving_default"]["inputs"]["images"] == {"dtype": "string", "tensor_shape": [-1], "name": "images"}
+    assert metadata["metadata"]["keras_preact"]["class_names"] == CIFAR_CLASSES
+
+
+def test_row_format_predictions_equal_the_keras_model(served):
+    network, client, pixels, _ = served
+    encoded = jpegs(pixels[:4])
+    expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 5)
+    status, response = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(image) for image in encoded]})
+    assert status == 200 and len(response["predictions"]) == 4
+    for row, prediction in enumerate(response["predictions"]):
+        assert sorted(prediction) == sorted(export.OUTPUTS)
+        assert_prediction_matches(prediction, expected, row)
+    # Named inputs, a version in the path, and the signature named: the same answer.
+    status, named = client.post("/v1/models/cifar10_resnet20/versions/1:predict", {
+        "signature_name": "serving_default", "instances": [{"images": b64(image)} for image in encoded]})
+    assert status == 200 and named == response
+
+
+def test_columnar_format_and_the_other_signatures(served):
+    network, client, pixels, _ = served
+    batch = pixels[:3]
+    expected = expected_outputs(network, normalize(batch, CIFAR), CIFAR_CLASSES, 5)
+    status, response = client.post("/v1/models/cifar10_resnet20:predict",
+                                   {"signature_name": "predict_pixels", "inputs": {"pixels": batch.tolist()}})
+    assert status == 200 and sorted(response) == ["outputs"]
+    for row in range(3):
+        assert_prediction_matches({name: values[row] for name, values in response["outputs"].items()}, expected, row)
+    status, response = client.post("/v1/models/cifar10_resnet20:predict", {
+        "signature_name": "predict_normalized", "instances": normalize(batch, CIFAR).tolist()})
+    assert status == 200
+    for row, prediction in enumerate(response["predictions"]):
+        assert_prediction_matches(prediction, expected, row)
+
+
+def test_query_command_prints_top_classes(served, tmp_path):
+    network, client, pixels, directory = served
+    encoded = jpegs(pixels[5:7])
+    paths = []
+    for index, image in enumerate(encoded):
+        paths.append(tmp_path / f"image{index}.jpg")
+        paths[-1].write_bytes(image)
+    result = subprocess.run([sys.executable, "-m", "training", "query", "--server", client.url, "--model",
+                             "cifar10_resnet20", "--top-k", "2", *map(str, paths)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 2)
+    for path, line, classes, scores in zip(paths, result.stdout.splitlines(), expected["classes"], expected["scores"]):
+        assert line == f"{path}: {classes[0]} {scores[0]:.1%}, {classes[1]} {scores[1]:.1%}"
+
+
+def test_query_without_a_server_is_a_clear_error(tmp_path):
+    image = tmp_path / "image.jpg"
+    image.write_bytes(b"\xff\xd8")
+    result = subprocess.run([sys.executable, "-m", "training", "query", "--server", f"http://127.0.0.1:{free_port()}",
+                             "--model", "m", str(image)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "No server answers at" in result.stderr
+
+
+def truncated_jpeg(pixels):
+    return jpegs(pixels[:1])[0][:200]
+
+
+@pytest.mark.parametrize(
+    "path, body, status, message",
+    [
+        (":predict", lambda pixels: {"instances": [b64(b"not an image at all")]}, 400,
+         r"^Could not decode the image bytes \(JPEG, PNG, GIF or BMP expected\): instance 0 \(19 bytes\): "
+         r"Unknown image file format"),
+        (":predict", lambda pixels: {"instances": [b64(jpegs(pixels[:1])[0]), b64(truncated_jpeg(pixels))]}, 400,
+         r"^Could not decode the image bytes .*: instance 1 \(200 bytes\): "),
+        (":predict", lambda pixels: {"instances": [{"b64": "%%% not base64"}]}, 400,
+         r"^Instance 0 of 'images': invalid base64"),
+        (":predict", lambda pixels: {"instances": [[1, 2, 3]]}, 400,
+         r"^Instance 0 of 'images' must be \{\"b64\": \"<base64 of the image file>\"\}. Received: \[1, 2, 3\]"),
+        (":predict", lambda pixels: {"signature_name": "predict_pixels", "instances": pixels[:2, :16].tolist()}, 400,
+         r"^Input 'pixels' must have shape \[batch, 32, 32, 3\]. Received: shape \(2, 16, 32, 3\)"),
+        (":predict", lambda pixels: {"signature_name": "predict_pixels", "instances": (pixels[:1] + 300.0).tolist()},
+         400, r"^Input 'pixels' holds uint8 pixels: integers from 0 to 255"),
+        (":predict", lambda pixels: {"signature_name": "classify", "instances": []}, 400,
+         r"^Unknown signature_name. Choose one of \['predict_normalized', 'predict_pixels', 'serving_default'\]. "
+         r"Received: 'classify'"),
+        (":predict", lambda pixels: b'{"instances": [', 400, r"^The request body is not valid JSON"),
+        (":predict", lambda pixels: [1, 2], 400, r"^The request must be a JSON object. Received: list"),
+        (":predict", lambda pixels: {"examples": []}, 400,
+         r"^The request needs exactly one of 'instances' \(row format\) or 'inputs' \(columnar\)"),
+        (":predict", lambda pixels: {"instances": []}, 400, r"^Input 'images' must be a non-empty list"),
+        (":predict", lambda pixels: {"instances": [b64(jpegs(pixels[:1])[0])] * (MAX_BATCH + 1)}, 400,
+         rf"^Too many instances: this server takes at most {MAX_BATCH} per request \(--max-batch\). "
+         rf"Received: {MAX_BATCH + 1}"),
+        ("/versions/7:predict", lambda pixels: {"instances": []}, 404,
+         r"^Servable not found for request: Specific\(cifar10_resnet20, 7\)"),
+    ],
+    ids=["corrupt bytes", "truncated JPEG", "bad base64", "not b64", "wrong shape", "out of range", "unknown signature",
+         "malformed JSON", "not an object", "no instances", "empty batch", "batch too large", "unknown version"],
+)
+def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served, path, body, status, message):
+    _, client, pixels, _ = served
+    answer_status, answer = client.post(f"/v1/models/cifar10_resnet20{path}", body(pixels))
+    assert answer_status == status and sorted(answer) == ["error"]
+    assert re.search(message, answer["error"]), answer["error"]
+    assert client.get("/v1/models/cifar10_resnet20")[0] == 200
+    status, response = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(jpegs(pixels[:1])[0])]})
+    assert status == 200 and len(response["predictions"]) == 1
+
+
+def test_unknown_model_and_routes_are_not_found(served):
+    _, client, _, _ = served
+    status, answer = client.get("/v1/models/resnet50")
+    assert status == 404 and "This server serves /v1/models/cifar10_resnet20" in answer["error"]
+    assert client.post("/v1/models/cifar10_resnet20:classify", {"instances": []})[0] == 404
+    assert client.get("/v1/models/cifar10_resnet20:predict")[0] == 404
+
+
+def test_concurrent_clients_are_all_answered_correctly(served):
+    """8 clients x 50 requests at once, each request 1-3 different images: every answer right."""
+    network, client, _, _ = served
+    pixels = random_pixels(24, CIFAR, seed=4)
+    encoded = jpegs(pixels)
+    expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 5)
+
+    def requests(worker):
+        wrong = 0
+        for request in range(50):
+            rows = [(worker * 50 + request + offset) % len(encoded) for offset in range(1 + request % 3)]
+            status, response = client.post("/v1/models/cifar10_resnet20:predict",
+                                           {"instances": [b64(encoded[row]) for row in rows]})
+            assert status == 200, response
+            for row, prediction in zip(rows, response["predictions"], strict=True):
+                wrong += prediction["classes"] != expected["classes"][row].tolist()
+                np.testing.assert_allclose(prediction["logits"], expected["logits"][row], atol=1e-4)
+        return wrong
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(requests, range(8))) == [0] * 8

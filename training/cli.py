@@ -8,6 +8,8 @@
     python -m training export --run-dir runs/demo                 # a SavedModel for TF Serving
     python -m training serve saved_models/digits_resnet20         # TF Serving's REST API, locally
     python -m training query --model digits_resnet20 digit.png    # top-k classes from a server
+    python -m training tune --config cifar10_paper --data-dir ~/tensorflow_datasets   # Table 1's b_g search
+    python -m training ablate --table 2 --models resnet20 --set duration=2000      # Table 2, small budget
 """
 
 import argparse
@@ -86,7 +88,48 @@ def parser():
     query.add_argument("--model", required=True, help="the served model's name")
     query.add_argument("--server", default="http://127.0.0.1:8501", help="default: http://127.0.0.1:8501")
     query.add_argument("--top-k", type=int, default=5, help="classes to print per image (default: 5)")
+    tune = commands.add_parser(
+        "tune", help="search the gates' bias b_g (Table 1) with keras-tuner, then train and test the best",
+        description="Search b_g from 0 to -10 (step -1) for exclusive and shortcut-only gating with keras-tuner, "
+        "on a validation split held out of the training set; train the best on the whole training set and "
+        "test it. Running the same command again resumes the search.",
+    )
+    add_config_arguments(tune, default_model="resnet110")
+    tune.add_argument("--output", default=os.path.join("runs", "tune"), help="default: runs/tune")
+    tune.add_argument("--gatings", nargs="+", default=["exclusive_gating", "shortcut_only_gating"],
+                      help="exclusive_gating and/or shortcut_only_gating (default: both)")
+    tune.add_argument("--tuner", default="grid", choices=["grid", "random", "hyperband"], help="default: grid")
+    tune.add_argument("--trials", type=int, help="the most trials (default: the whole grid, 11 per gating)")
+    tune.add_argument("--validation-examples", type=int, default=5000,
+                      help="training images held out for the objective (default: 5000)")
+    tune.add_argument("--rounds", type=int, default=1,
+                      help="validation evaluations per trial (Hyperband's epochs, at least 3; default: 1)")
+    tune.add_argument("--no-retrain", action="store_true", help="skip training the best on the whole training set")
+    ablate = commands.add_parser(
+        "ablate", help="train every variant of the paper's Table 1, 2 or 3 and set the results beside the paper's",
+        description="Train every variant of a table of the paper for --seeds seeds and write the table (median, "
+        "mean +- std of the final test error, the paper's figure beside) and the training curves of all "
+        "variants. Running the same command again resumes.",
+    )
+    ablate.add_argument("--table", type=int, required=True, choices=[1, 2, 3])
+    ablate.add_argument("--models", nargs="+", help="networks in place of the table's (e.g. resnet20 for a small budget)")
+    ablate.add_argument("--datasets", nargs="+", choices=["cifar10", "cifar100"], help="only these columns")
+    ablate.add_argument("--seeds", type=int, default=1, help="seeds per variant (the paper: 5; default: 1)")
+    ablate.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a config field of every run, e.g. --set duration=2000 (the budget)")
+    ablate.add_argument("--data-dir", help="tensorflow-datasets data directory, or the root of an image folder")
+    ablate.add_argument("--output", default=os.path.join("runs", "ablate"), help="default: runs/ablate")
     return main
+
+
+def add_config_arguments(command, default_model):
+    command.add_argument("--config", default="cifar10_paper", help="the recipe and data (default: cifar10_paper)")
+    command.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                         help="override a config field, e.g. --set duration=2000 (repeatable)")
+    command.add_argument("--model", default=default_model, help=f"the network (default: {default_model})")
+    command.add_argument("--data-dir", help="tensorflow-datasets data directory, or the root of an image folder")
+    command.add_argument("--strategy", choices=["default", "one_device", "mirrored", "multi_worker", "tpu"],
+                         help="tf.distribute strategy of each trial")
 
 
 def config_from(arguments):
@@ -188,4 +231,25 @@ def query_command(arguments):
     return 0
 
 
-COMMANDS = {"export": export_command, "serve": serve_command, "query": query_command}
+def tune_command(arguments):
+    from training import loop, tune
+
+    config = config_from(arguments)
+    loop.configure(config)
+    tune.search(config, arguments.output, arguments.gatings, arguments.tuner, arguments.trials,
+                arguments.validation_examples, arguments.rounds, retrain=not arguments.no_retrain)
+    print(f"Table and plot in {arguments.output} (gate_bias.md, gate_bias.csv, gate_bias.png).")
+    return 0
+
+
+def ablate_command(arguments):
+    from training import ablation
+
+    ablation.run(arguments.table, arguments.output, arguments.seeds, arguments.models, arguments.datasets,
+                 arguments.set, arguments.data_dir)
+    print(f"Table and curves in {arguments.output} (table{arguments.table}.md, .csv, _curves.png).")
+    return 0
+
+
+COMMANDS = {"export": export_command, "serve": serve_command, "query": query_command, "tune": tune_command,
+            "ablate": ablate_command}

@@ -9,7 +9,7 @@ Schedules are written in the unit the source uses, iterations at the config's
 
 import dataclasses
 
-from keras_preact import defaults
+from keras_preact import defaults, units
 
 # Per-channel mean and standard deviation of CIFAR-10's training images on the 0-255
 # scale, from the official Torch code (fb.resnet.torch datasets/cifar10.lua).
@@ -23,6 +23,9 @@ IMAGENET_STD = (58.395, 57.12, 57.375)
 # standard deviation of the 1,437 training images (measured, `training.data`'s split).
 DIGITS_MEAN = (77.89,)
 DIGITS_STD = (95.71,)
+# The ways shortcut and residual branch combine (Fig. 2), built by `training.recipe`.
+MERGES = ("addition", "no_shortcut", "constant_scaling", "exclusive_gating", "shortcut_only_gating",
+          "shortcut_dropout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +34,15 @@ class Config:
 
     Attributes:
         model: a name of `keras_preact.list_models()`.
+        unit: the residual unit, a key of `keras_preact.units.UNITS` ("original",
+            "preactivation", ...); `None` for the model's own (Table 2's placements).
+        shortcut: "identity", or "projection" for 1x1 convolution shortcuts (Fig. 2(e)).
+        merge: how shortcut and residual combine (Fig. 2): "addition", "no_shortcut",
+            "constant_scaling", "exclusive_gating", "shortcut_only_gating" or
+            "shortcut_dropout" (`training.recipe.MERGES`).
+        gate_bias: b_g, the gates' bias initialisation (Table 1's search).
+        scaling: (shortcut scale, residual scale) of "constant_scaling".
+        shortcut_dropout: the dropout rate of "shortcut_dropout".
         dataset: "digits" (embedded, offline), "cifar10", "cifar100" (tensorflow-datasets),
             "imagenet2012" (tensorflow-datasets, manual download) or "folder" (an
             image folder `data_dir/{train,test}/<class>/*.jpg`).
@@ -69,6 +81,12 @@ class Config:
     """
 
     model: str = "resnet110"
+    unit: str = None
+    shortcut: str = "identity"
+    merge: str = "addition"
+    gate_bias: float = 0.0
+    scaling: tuple = (0.5, 1.0)
+    shortcut_dropout: float = 0.5
     dataset: str = "cifar10"
     data_dir: str = None
     image_size: int = 32
@@ -107,6 +125,8 @@ class Config:
             "schedule_unit": ("steps", "epochs"),
             "strategy": ("default", "one_device", "mirrored", "multi_worker", "tpu"),
             "precision": ("float32", "mixed_bfloat16", "mixed_float16"),
+            "shortcut": ("identity", "projection"),
+            "merge": MERGES,
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -116,6 +136,11 @@ class Config:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field} must be a positive integer. Received: {field}={value!r}")
+        if self.unit is not None and self.unit not in units.UNITS:
+            raise ValueError(f"unit must be None (the model's) or one of {sorted(units.UNITS)}. "
+                             f"Received: unit={self.unit!r}")
+        if len(self.scaling) != 2:
+            raise ValueError(f"scaling must be (shortcut scale, residual scale). Received: scaling={self.scaling!r}")
         if self.xla and self.synchronized_batch_norm:
             raise ValueError(
                 "xla and synchronized_batch_norm cannot be combined: XLA cannot compile BatchNorm's "

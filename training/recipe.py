@@ -143,15 +143,36 @@ def training_model(config, input_shape, classes, seed=None):
     >>> model.compile(optimizer(config, steps_per_epoch=390), loss(), metrics=["accuracy"])
     >>> model.fit(images, labels, batch_size=128, epochs=164)  # images: pixels 0-255
     """
-    network = keras_preact.get_model(
+    network = network_of(config, input_shape, classes)
+    return keras.Sequential(
+        [keras.Input(input_shape, name="pixels"), *preprocessing(config, seed), network], name=f"train_{network.name}"
+    )
+
+
+# Fig. 2's shortcut variants: a config's `merge` -> the layer every unit merges with.
+MERGES = {
+    "addition": lambda config: None,
+    "no_shortcut": lambda config: keras_preact.NoShortcut(),
+    "constant_scaling": lambda config: keras_preact.ConstantScaling(*map(float, config.scaling)),
+    "exclusive_gating": lambda config: keras_preact.ExclusiveGating(gate_bias=float(config.gate_bias)),
+    "shortcut_only_gating": lambda config: keras_preact.ShortcutOnlyGating(gate_bias=float(config.gate_bias)),
+    "shortcut_dropout": lambda config: keras_preact.ShortcutDropout(float(config.shortcut_dropout), seed=config.seed),
+}
+
+
+def network_of(config, input_shape, classes):
+    """The network of `config` (model, unit, shortcut, merge), ending in logits."""
+    options = {} if config.unit is None else dict(unit=config.unit)
+    if config.shortcut != "identity":
+        options["shortcut"] = config.shortcut
+    return keras_preact.get_model(
         config.model,
         input_shape=input_shape,
         classes=classes,
         classifier_activation=None,
         weight_decay=config.weight_decay,
-    )
-    return keras.Sequential(
-        [keras.Input(input_shape, name="pixels"), *preprocessing(config, seed), network], name=f"train_{network.name}"
+        merge=MERGES[config.merge](config),
+        **options,
     )
 
 

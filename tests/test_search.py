@@ -1,0 +1,172 @@
+"""`python -m training tune` and `ablate`: the gate-bias search and the paper's tables, end to end."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import keras_tuner
+import numpy as np
+import pytest
+
+from training import ablation, configs, recipe, tune
+
+pytestmark = pytest.mark.tensorflow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A tiny search: ResNet-20 on the embedded digits, 2 epochs per trial.
+TINY_SEARCH = ["tune", "--config", "digits_demo", "--model", "resnet20", "--set", "duration=2",
+               "--validation-examples", "300"]
+
+
+def run(*arguments, timeout=900):
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    return subprocess.run([sys.executable, "-m", "training", *arguments], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_search_space_is_the_papers_eleven_values_per_gating():
+    config = configs.CONFIGS["digits_demo"]
+    hypermodel = tune.GateBiasHyperModel(config, (8, 8, 1), 10, training_examples=1137)
+    hyperparameters = keras_tuner.HyperParameters()
+    model = hypermodel.build(hyperparameters)
+    assert hyperparameters.get_config()["values"] == {"gating": "exclusive_gating", "gate_bias": 0}
+    space = {parameter.name: list(parameter.values) for parameter in hyperparameters.space}
+    assert space == {"gating": ["exclusive_gating", "shortcut_only_gating"],
+                     "gate_bias": [0, -1, -2, -3, -4, -5, -6, -7, -8, -9, -10]}
+    # The trial's network has exclusive gates initialised at b_g = 0.
+    gates = [layer for layer in model.layers[-1]._flatten_layers() if type(layer).__name__ == "ExclusiveGating"]
+    assert len(gates) == 9 and all(gate.gate_bias == 0.0 for gate in gates)
+
+
+def test_trial_config_carries_the_gating_and_bias():
+    hypermodel = tune.GateBiasHyperModel(configs.CONFIGS["digits_demo"], (8, 8, 1), 10, training_examples=1137)
+    hyperparameters = keras_tuner.HyperParameters()
+    hyperparameters.Fixed("gating", "shortcut_only_gating")
+    hyperparameters.Fixed("gate_bias", -6)
+    config = hypermodel.trial_config(hyperparameters)
+    assert (config.merge, config.gate_bias) == ("shortcut_only_gating", -6.0)
+    network = recipe.network_of(config, (8, 8, 1), 10)
+    gates = [layer for layer in network._flatten_layers() if type(layer).__name__ == "ShortcutOnlyGating"]
+    assert len(gates) == 9 and {gate.gate_bias for gate in gates} == {-6.0}
+
+
+@pytest.mark.parametrize("size, held_out, seed", [(1437, 300, 0), (50000, 5000, 3), (10, 1, 7)])
+def test_validation_split_is_disjoint_from_the_trials_training_data(size, held_out, seed):
+    training, validation = tune.validation_split(size, held_out, seed)
+    assert len(validation) == held_out and len(training) == size - held_out
+    assert not set(training) & set(validation)
+    np.testing.assert_array_equal(np.sort(np.concatenate([training, validation])), np.arange(size))
+    again, _ = tune.validation_split(size, held_out, seed)
+    np.testing.assert_array_equal(training, again)  # a fixed split for a seed
+
+
+@pytest.mark.parametrize("held_out", [0, 1437, 2000, 2.5])
+def test_bad_validation_size_is_a_clear_error(held_out):
+    with pytest.raises(ValueError, match=rf"validation_examples must be .* Received: validation_examples={held_out}"):
+        tune.validation_split(1437, held_out, 0)
+
+
+def test_tiny_search_runs_end_to_end_and_resumes(tmp_path):
+    output = str(tmp_path / "tune")
+    first = run(*TINY_SEARCH, "--trials", "2", "--output", output)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stdout.count("Search: Running Trial") == 2
+    rows = list(csv.DictReader(open(os.path.join(output, "gate_bias.csv"))))
+    assert [(row["gating"], int(row["gate_bias"])) for row in rows] == [("exclusive_gating", 0), ("exclusive_gating", -1)]
+    assert all(0 <= float(row["validation_error"]) <= 100 for row in rows)
+    assert [row["paper_test_error"] for row in rows] == ["fail", "fail"]
+    table = open(os.path.join(output, "gate_bias.md")).read()
+    assert "| b_g | exclusive gating: ours | exclusive gating: paper |" in table
+    assert "| -6 | - | 8.7 |" in table and "held out of the training set" in table
+    best = min(rows, key=lambda row: float(row["validation_error"]))
+    assert f"Best: exclusive gating at b_g = {best['gate_bias']}; trained on the whole training set, test error" in table
+    summary = json.load(open(os.path.join(output, f"best_exclusive_gating_{best['gate_bias']}", "summary.json")))
+    assert summary["config"]["merge"] == "exclusive_gating" and summary["config"]["gate_bias"] == float(best["gate_bias"])
+    assert os.path.getsize(os.path.join(output, "gate_bias.png")) > 10000
+
+    # The same command with one more trial: the two finished trials are kept, one runs.
+    second = run(*TINY_SEARCH, "--trials", "3", "--output", output, "--no-retrain")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.stdout.count("Search: Running Trial") == 1
+    rows_again = list(csv.DictReader(open(os.path.join(output, "gate_bias.csv"))))
+    assert rows_again[:2] == rows and [int(row["gate_bias"]) for row in rows_again] == [0, -1, -2]
+
+
+def test_bad_tune_arguments_exit_with_a_message(tmp_path):
+    result = run("tune", "--config", "digits_demo", "--tuner", "hyperband", "--rounds", "1", "--output",
+                 str(tmp_path))
+    assert result.returncode == 2
+    assert "rounds must be a positive integer (at least 3 for hyperband). Received: rounds=1" in result.stderr
+
+
+# The ablation runner --------------------------------------------------------------------
+
+def test_tables_hold_the_papers_figures():
+    assert [row.label for row in ablation.TABLES[2].rows][-1] == "full pre-activation, Fig. 4(e)"
+    table3 = ablation.TABLES[3]
+    assert table3.paper_error(table3.rows[1], "cifar10", "resnet1001") == 4.92
+    assert table3.paper_error(table3.rows[0], "cifar100", "resnet1001") == 27.82
+    table1 = {row.label: row for row in ablation.TABLES[1].rows}
+    assert table1["exclusive gating, b_g = -6"].paper == {("cifar10", "resnet110"): 8.70}
+    assert table1["dropout shortcut (ratio 0.5)"].paper == {("cifar10", "resnet110"): "fail"}
+    # Every row builds a config the recipe accepts (on the table's data set).
+    for number, table in ablation.TABLES.items():
+        for cell in ablation.cells(table):
+            config = ablation.configuration(cell, 0, ())
+            assert config.model == cell.model and config.dataset == cell.dataset
+
+
+def test_fail_is_reported_as_the_paper_does():
+    assert ablation.shown(20.0) == "20.00" and ablation.shown(20.01) == "fail (20.01)"
+    assert ablation.shown("fail") == "fail" and ablation.shown(None) == "-"
+    assert ablation.describe([7.0, 5.0, 6.0]) == (6.0, 6.0, 1.0)
+
+
+def test_substituted_models_make_one_column_per_network():
+    chosen = ablation.cells(ablation.TABLES[2], models=["resnet20"])
+    assert {(cell.model, cell.paper_model) for cell in chosen} == {("resnet20", "resnet110"), ("resnet20", "resnet164")}
+    assert len(chosen) == 10
+    only_cifar100 = ablation.cells(ablation.TABLES[3], datasets=["cifar100"])
+    assert {cell.model for cell in only_cifar100} == {"resnet164", "resnet1001"} and len(only_cifar100) == 4
+
+
+def test_tiny_ablation_runs_end_to_end_and_resumes(cifar_folder, tmp_path):
+    """Table 3 on CIFAR-10 JPEGs, ResNet-20 in place of the paper's nets, 2 seeds, 6 steps each."""
+    output = str(tmp_path / "ablate")
+    arguments = ["ablate", "--table", "3", "--models", "resnet20", "--datasets", "cifar10", "--seeds", "2",
+                 "--data-dir", cifar_folder, "--output", output, "--set", "dataset=folder",
+                 "--set", "train_examples=640", "--set", "test_examples=200", "--set", "batch_size=64",
+                 "--set", "reference_batch_size=64", "--set", "duration=6", "--set", "decay_boundaries=4,5",
+                 "--set", "warmup=0", "--set", "evaluate_every=3", "--set", "log_every=3"]
+    first = run(*arguments)
+    assert first.returncode == 0, first.stderr[-3000:]
+    # Two rows x four columns (ResNet-20 for each of the paper's CIFAR-10 networks) x 2 seeds,
+    # but the columns share one network: each (row, network) trains once per seed.
+    records = list(csv.DictReader(open(os.path.join(output, "table3.csv"))))
+    assert len(records) == 2 * 4
+    assert {record["paper_model"] for record in records} == {"resnet110_1layer", "resnet110", "resnet164", "resnet1001"}
+    original = [record for record in records if record["variant"] == "original unit"]
+    assert {record["paper"] for record in original} == {"9.9", "6.61", "5.93", "7.61"}
+    for record in records:
+        errors = [float(error) for error in record["errors"].split()]
+        assert len(errors) == 2 and float(record["median"]) == pytest.approx(np.median(errors), abs=1e-4)
+        assert float(record["std"]) == pytest.approx(np.std(errors, ddof=1), abs=1e-4)
+    table = open(os.path.join(output, "table3.md")).read()
+    assert "**A small budget: these numbers are not comparable with the paper's.**" in table
+    assert "duration=6 (paper: 64000)" in table and "2 seed(s) (paper: median of 5)" in table
+    assert "| resnet20 cifar10 (paper: resnet110): median | mean ± std | paper |" in table
+    assert os.path.getsize(os.path.join(output, "table3_curves.png")) > 10000
+    summary = json.load(open(os.path.join(output, "table3", "cifar10", "resnet20", "original_unit", "seed1",
+                                          "summary.json")))
+    assert summary["config"]["unit"] == "original" and summary["steps"] == 6
+
+    again = run(*arguments)  # everything finished: read back, nothing trained
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "seed 0" not in again.stdout and open(os.path.join(output, "table3.md")).read() == table
+
+
+def test_bad_ablation_arguments_exit_with_a_message(tmp_path):
+    result = run("ablate", "--table", "2", "--set", "unit=sideways", "--output", str(tmp_path))
+    assert result.returncode == 2 and "Received: unit='sideways'" in result.stderr

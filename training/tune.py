@@ -1,0 +1,270 @@
+"""`python -m training tune`: the paper's gate-bias search (Table 1) with keras-tuner.
+
+The paper initialises the gates' bias b_g of exclusive gating (Fig. 2(c)) and
+shortcut-only gating (Fig. 2(d)) at values "from 0 to -10 with a decrement step of -1 on
+the training set by cross-validation", then trains the best on the training set. Here a
+keras-tuner `HyperModel` spans exactly those values for each gating; every trial trains
+with the config's recipe (`model.fit` on in-memory images, the recipe's layers,
+schedule and weight decay) on the training set less a held-out validation split, and
+its objective is the error on that split, never the test set. The best (gating, b_g) is
+then trained on the whole training set with `training.loop.train` and evaluated on the
+test set. keras-tuner keeps its state in the output folder: the same command run again
+resumes the search, skipping finished trials, and the final run resumes from its
+checkpoints.
+
+Writes `gate_bias.md`, `gate_bias.csv` (b_g against validation error, the paper's test
+errors beside) and `gate_bias.png`.
+"""
+
+import csv
+import dataclasses
+import itertools
+import os
+
+import keras
+import keras_tuner
+import numpy as np
+import tensorflow as tf
+
+from training import configs, data, loop, recipe
+
+# b_g from 0 to -10 in steps of -1 (paper, Section 3.1).
+GATE_BIASES = tuple(range(0, -11, -1))
+GATINGS = ("exclusive_gating", "shortcut_only_gating")
+FAIL = "fail"
+# Table 1's test errors (%) of ResNet-110 on CIFAR-10, full recipe, median of 5 runs;
+# exclusive gating "fails" (above 20 %) for b_g = 0 ... -5.
+PAPER = {
+    "exclusive_gating": {**{bias: FAIL for bias in range(0, -6, -1)}, -6: 8.70, -7: 9.81},
+    "shortcut_only_gating": {0: 12.86, -6: 6.91},
+}
+OBJECTIVE = "val_error"
+DEFAULT_VALIDATION_EXAMPLES = 5000
+
+
+@keras.saving.register_keras_serializable(package="keras_preact_training")
+class ClassificationError(keras.metrics.SparseCategoricalAccuracy):
+    """1 - accuracy: the paper's "error", on logits or probabilities."""
+
+    def __init__(self, name="error", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def result(self):
+        return 1.0 - super().result()
+
+
+def validation_split(size, validation_examples, seed):
+    """(training indices, validation indices): a fixed random `validation_examples` of the
+    training set held out, the rest trained on. Disjoint, together every index once."""
+    if not isinstance(validation_examples, int) or not 0 < validation_examples < size:
+        raise ValueError(f"validation_examples must be an integer between 1 and the training set's size less one "
+                         f"({size - 1}). Received: validation_examples={validation_examples!r}")
+    order = np.random.default_rng(seed).permutation(size)
+    return np.sort(order[validation_examples:]), np.sort(order[:validation_examples])
+
+
+def in_memory(split):
+    """A split's decoded images (float32, 0-255) and labels as arrays."""
+    images, labels = zip(*[(image.numpy(), label.numpy()) for image, label in data.evaluation_batches(split, 500)])
+    return np.concatenate(images), np.concatenate(labels)
+
+
+class GateBiasHyperModel(keras_tuner.HyperModel):
+    """The gated networks of `config` over the paper's b_g values.
+
+    Args:
+        config: a training `Config`; its model, recipe and budget (`duration`).
+        input_shape, classes: of the data.
+        training_examples: the size of the trials' training set (for the schedule).
+        gatings: which of `GATINGS` to search.
+        rounds: evaluations of the validation error per trial (keras-tuner's epochs);
+            the objective is the best of them, the final one for 1.
+    """
+
+    def __init__(self, config, input_shape, classes, training_examples, gatings=GATINGS, rounds=1):
+        super().__init__(name="gate_bias")
+        for gating in gatings:
+            if gating not in GATINGS:
+                raise ValueError(f"gatings must be among {list(GATINGS)}. Received: {gating!r}")
+        self.config, self.input_shape, self.classes = config, tuple(input_shape), classes
+        self.gatings, self.rounds = tuple(gatings), rounds
+        self.steps_per_epoch = configs.steps_per_epoch(training_examples, config.batch_size)
+        self.total_steps = config.total_steps(self.steps_per_epoch)
+        if self.total_steps < rounds:
+            raise ValueError(f"The budget of {self.total_steps} steps is shorter than rounds={rounds}.")
+
+    def trial_config(self, hp):
+        return dataclasses.replace(self.config, merge=hp.get("gating"), gate_bias=float(hp.get("gate_bias")))
+
+    def build(self, hp):
+        hp.Choice("gating", list(self.gatings))
+        hp.Choice("gate_bias", list(GATE_BIASES), ordered=True)
+        config = self.trial_config(hp)
+        keras.utils.set_random_seed(config.seed)  # every trial starts from the same weights' seed
+        model = recipe.training_model(config, self.input_shape, self.classes, seed=config.seed)
+        model.compile(recipe.optimizer(config, self.steps_per_epoch), recipe.loss(),
+                      metrics=[ClassificationError()])
+        return model
+
+    def fit(self, hp, model, training, validation, callbacks=None, verbose=1, **kwargs):
+        images, labels = training
+        batches = (tf.data.Dataset.from_tensor_slices((images, labels))
+                   .shuffle(len(labels), seed=self.config.seed, reshuffle_each_iteration=True)
+                   .repeat().batch(self.config.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+        rounds = kwargs.get("epochs", self.rounds)
+        steps = self.total_steps // self.rounds
+        return model.fit(batches, validation_data=validation, epochs=rounds, initial_epoch=kwargs.get("initial_epoch", 0),
+                         steps_per_epoch=steps, callbacks=callbacks, verbose=verbose)
+
+
+class GridOracle(keras_tuner.Oracle):
+    """Every combination of the search space, in order, each once: a grid search whose next
+    trial is the first combination no finished trial holds, so that a search reloaded
+    from its folder goes on where it stopped (an interrupted trial runs again).
+    keras-tuner 1.4.8's own `GridSearch` does not save the queue it walks the grid with,
+    and a reloaded grid search stops at once."""
+
+    def populate_space(self, trial_id):
+        finished = [trial.hyperparameters.values for trial in self.trials.values()
+                    if trial.status != keras_tuner.engine.trial.TrialStatus.RUNNING]
+        names = [parameter.name for parameter in self.hyperparameters.space]
+        for combination in itertools.product(*(parameter.values for parameter in self.hyperparameters.space)):
+            values = dict(zip(names, combination))
+            if values not in finished:
+                return {"status": keras_tuner.engine.trial.TrialStatus.RUNNING, "values": values}
+        return {"status": keras_tuner.engine.trial.TrialStatus.STOPPED, "values": None}
+
+
+TUNERS = {
+    "grid": lambda hypermodel, objective, trials, seed, **common: keras_tuner.Tuner(
+        GridOracle(objective, max_trials=trials, seed=seed), hypermodel, **common),
+    "random": lambda hypermodel, objective, trials, seed, **common: keras_tuner.RandomSearch(
+        hypermodel, objective, max_trials=trials, seed=seed, **common),
+    "hyperband": lambda hypermodel, objective, trials, seed, **common: keras_tuner.Hyperband(
+        hypermodel, objective, max_epochs=hypermodel.rounds, seed=seed, **common),
+}
+
+
+def search(config, output, gatings=GATINGS, tuner="grid", trials=None, validation_examples=DEFAULT_VALIDATION_EXAMPLES,
+           rounds=1, retrain=True, verbose=1):
+    """Runs (or resumes) the search in `output`; writes its table and plot.
+
+    Args:
+        config: a training `Config` (model, data, recipe, budget, strategy, seed).
+        output: folder of keras-tuner's state, the tables, the plot and the final run.
+        gatings: which gatings to search.
+        tuner: "grid" (the paper's), "random" or "hyperband".
+        trials: the most trials; `None` for the whole grid (11 per gating).
+        validation_examples: held out of the training set for the objective.
+        rounds: validation evaluations per trial (Hyperband's max_epochs, at least 3).
+        retrain: train the best on the whole training set and test it.
+
+    Returns:
+        dict(results=[(gating, b_g, validation error %)], best=(gating, b_g),
+        test_error=% or None).
+    """
+    if tuner not in TUNERS:
+        raise ValueError(f"tuner must be one of {sorted(TUNERS)}. Received: tuner={tuner!r}")
+    if trials is not None and (not isinstance(trials, int) or trials < 1):
+        raise ValueError(f"trials must be a positive integer. Received: trials={trials!r}")
+    if not isinstance(rounds, int) or rounds < 1 or (tuner == "hyperband" and rounds < 3):
+        raise ValueError(f"rounds must be a positive integer (at least 3 for hyperband). Received: rounds={rounds!r}")
+    dataset = data.load(config)
+    training_indices, validation_indices = validation_split(dataset.train.size, validation_examples, config.seed)
+    images, labels = in_memory(dataset.train)
+    training = images[training_indices], labels[training_indices]
+    validation = images[validation_indices], labels[validation_indices]
+    hypermodel = GateBiasHyperModel(config, dataset.image_shape, len(dataset.class_names), len(training_indices),
+                                    gatings, rounds)
+    strategy = None if config.strategy == "default" else loop.make_strategy(config)
+    searcher = TUNERS[tuner](
+        hypermodel, keras_tuner.Objective(OBJECTIVE, "min"), trials or len(gatings) * len(GATE_BIASES), config.seed,
+        directory=output, project_name=f"gate_bias_{config.model}", overwrite=False, distribution_strategy=strategy,
+    )
+    if tuner != "hyperband":  # a resumed search keeps its saved limit unless told another
+        searcher.oracle.max_trials = trials or len(gatings) * len(GATE_BIASES)
+    searcher.search(training, validation, verbose=verbose)
+    results = trial_results(searcher)
+    best = min(results, key=lambda result: result[2])[:2] if results else None
+    test_error = None
+    if retrain and best:
+        final = dataclasses.replace(config, merge=best[0], gate_bias=float(best[1]))
+        run_dir = os.path.join(output, f"best_{best[0]}_{best[1]}")  # resumes only the same network
+        summary = loop.train(final, run_dir, verbose=bool(verbose))
+        test_error = 100 * summary["test_error"]
+    write_results(output, config, results, best, test_error, len(training_indices), len(validation_indices))
+    return dict(results=results, best=best, test_error=test_error)
+
+
+def trial_results(searcher):
+    """(gating, b_g, validation error %) of every finished trial, in the grid's order."""
+    results = []
+    for trial in searcher.oracle.trials.values():
+        if trial.status == "COMPLETED" and trial.score is not None:
+            results.append((trial.hyperparameters.get("gating"), int(trial.hyperparameters.get("gate_bias")),
+                            100 * float(trial.score)))
+    return sorted(results, key=lambda result: (GATINGS.index(result[0]), -result[1]))
+
+
+def write_results(output, config, results, best, test_error, training_examples, validation_examples):
+    gatings = [gating for gating in GATINGS if any(result[0] == gating for result in results)]
+    scores = {(gating, bias): error for gating, bias, error in results}
+    lines = [f"# Gate bias b_g: {config.model} on {config.dataset}", "",
+             f"Validation error (%) on {validation_examples} images held out of the training set, after training "
+             f"on the other {training_examples} for {config.duration:g} {config.schedule_unit}. The paper's "
+             "figures are test errors of ResNet-110 on CIFAR-10 after its whole recipe (Table 1); \"fail\": above "
+             "20 %.", ""]
+    header = ["b_g"] + [f"{gating.replace('_', ' ')}: {kind}" for gating in gatings for kind in ("ours", "paper")]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
+    for bias in GATE_BIASES:
+        cells = [str(bias)]
+        for gating in gatings:
+            error, paper = scores.get((gating, bias)), PAPER[gating].get(bias)
+            cells += ["-" if error is None else f"{error:.2f}", "-" if paper is None else str(paper)]
+            if error is not None:
+                rows.append(dict(gating=gating, gate_bias=bias, validation_error=round(error, 4),
+                                 paper_test_error="" if paper is None else paper))
+        lines.append("| " + " | ".join(cells) + " |")
+    if best:
+        lines += ["", f"Best: {best[0].replace('_', ' ')} at b_g = {best[1]}" + (
+            "" if test_error is None else f"; trained on the whole training set, test error {test_error:.2f} %.")]
+    with open(os.path.join(output, "gate_bias.md"), "w") as file:
+        file.write("\n".join(lines) + "\n")
+    with open(os.path.join(output, "gate_bias.csv"), "w", newline="") as file:
+        writer = csv.DictWriter(file, ["gating", "gate_bias", "validation_error", "paper_test_error"])
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(results, os.path.join(output, "gate_bias.png"), config)
+    print("\n".join(lines))
+
+
+def plot(results, png_path, config):
+    """Validation error against b_g for each gating, the paper's test errors as open markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for index, gating in enumerate(GATINGS):
+        ours = [(bias, error) for name, bias, error in results if name == gating]
+        color = plt.cm.tab10(index)
+        if ours:
+            axis.plot(*zip(*ours), "-o", color=color, label=f"{gating.replace('_', ' ')} (ours, validation)")
+        paper = [(bias, value) for bias, value in PAPER[gating].items() if value != FAIL]
+        axis.plot(*zip(*paper), "s", markerfacecolor="none", color=color, markersize=9,
+                  label=f"{gating.replace('_', ' ')} (paper, test)")
+        failed = [bias for bias, value in PAPER[gating].items() if value == FAIL]
+        if failed:
+            axis.plot(failed, [20.5] * len(failed), "x", color=color, label="paper: fail (> 20 %)")
+    axis.axhline(20, color="grey", linewidth=0.6, linestyle=":")
+    axis.set(xlabel="gate bias b_g", ylabel="error (%)", title=f"Gate bias search, {config.model} on {config.dataset}",
+             xticks=list(GATE_BIASES), ylim=(0, None))
+    axis.invert_xaxis()
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(png_path)
+    plt.close(figure)
+    return png_path

@@ -94,6 +94,14 @@ def test_tiny_search_runs_end_to_end_and_resumes(tmp_path):
     assert rows_again[:2] == rows and [int(row["gate_bias"]) for row in rows_again] == [0, -1, -2]
 
 
+def test_trials_run_under_the_strategy(tmp_path):
+    result = run(*TINY_SEARCH, "--set", "duration=1", "--trials", "1", "--strategy", "mirrored", "--set",
+                 "cpu_devices=2", "--no-retrain", "--output", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Each trial runs under MirroredStrategy with 2 replicas." in result.stdout
+    assert list(csv.DictReader(open(tmp_path / "gate_bias.csv")))[0]["gate_bias"] == "0"
+
+
 def test_bad_tune_arguments_exit_with_a_message(tmp_path):
     result = run("tune", "--config", "digits_demo", "--tuner", "hyperband", "--rounds", "1", "--output",
                  str(tmp_path))

@@ -18,6 +18,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import statistics
 
 from training import configs, plots
@@ -143,7 +144,8 @@ def configuration(cell, seed, overrides, data_dir=None):
 
 
 def slug(text):
-    return "".join(character if character.isalnum() else "_" for character in text.lower()).strip("_")
+    """A folder name for a row label: "original, Fig. 4(a)" -> "original_fig_4_a"."""
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
 def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(), data_dir=None, verbose=True):
@@ -169,18 +171,21 @@ def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(),
     for cell in chosen:  # every config checked before the first run starts
         configuration(cell, 0, overrides, data_dir)
     loop.configure(configuration(chosen[0], 0, overrides, data_dir))
-    for index, cell in enumerate(chosen):
+    # Columns that put one network in place of several share its runs.
+    trainings = list(dict.fromkeys((cell.dataset, cell.model, cell.row.label) for cell in chosen))
+    for cell in chosen:
         for seed in range(seeds):
             config = configuration(cell, seed, overrides, data_dir)
             run_dir = os.path.join(output, f"table{table_number}", cell.dataset, cell.model, slug(cell.row.label),
                                    f"seed{config.seed}")
             summary_path = os.path.join(run_dir, "summary.json")
-            if os.path.exists(summary_path):  # finished before an interruption: read back
+            if os.path.exists(summary_path):  # finished before, or by another column: read back
                 with open(summary_path) as file:
                     summary = json.load(file)
             else:
                 if verbose:
-                    print(f"[{index * seeds + seed + 1}/{len(chosen) * seeds}] {cell.row.label}: {cell.model} on "
+                    number = trainings.index((cell.dataset, cell.model, cell.row.label)) * seeds + seed + 1
+                    print(f"[{number}/{len(trainings) * seeds}] {cell.row.label}: {cell.model} on "
                           f"{cell.dataset}, seed {config.seed}", flush=True)
                 summary = loop.train(config, run_dir, verbose=verbose)
             cell.errors.append(100 * summary["test_error"])

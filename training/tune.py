@@ -177,6 +177,8 @@ def search(config, output, gatings=GATINGS, tuner="grid", trials=None, validatio
     hypermodel = GateBiasHyperModel(config, dataset.image_shape, len(dataset.class_names), len(training_indices),
                                     gatings, rounds)
     strategy = None if config.strategy == "default" else loop.make_strategy(config)
+    if strategy and verbose:
+        print(f"Each trial runs under {type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas.")
     searcher = TUNERS[tuner](
         hypermodel, keras_tuner.Objective(OBJECTIVE, "min"), trials or len(gatings) * len(GATE_BIASES), config.seed,
         directory=output, project_name=f"gate_bias_{config.model}", overwrite=False, distribution_strategy=strategy,

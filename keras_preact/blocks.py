@@ -71,13 +71,68 @@ def strided_size(size, stride):
     return None if size is None else -(-size // stride)
 
 
+@keras.saving.register_keras_serializable(package="keras_preact")
+class BatchNorm(keras.layers.BatchNormalization):
+    """Keras' BatchNormalization that can hand its batch statistics out instead of
+    updating its moving averages with them.
+
+    While a `StatisticsCollector` collects from it, a call normalizes with the batch's
+    mean and variance (training mode: the collector is only used while training),
+    appends them to the collector and leaves the moving averages alone;
+    `update_moving_statistics` applies them afterwards exactly as Keras' own training
+    call does. A rematerialized residual branch needs this: its forward pass runs again
+    while the gradients are computed, and must not update the averages twice.
+    """
+
+    collector = None
+
+    def call(self, inputs, training=None, mask=None):
+        if self.collector is None or mask is not None or self.renorm or not self.trainable:
+            return super().call(inputs, training=training, mask=mask)
+        inputs = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
+        axes = [axis for axis in range(len(inputs.shape)) if axis != self.axis % len(inputs.shape)]
+        mean, variance = ops.moments(inputs, axes=axes, synchronized=self.synchronized)
+        self.collector.add(self, mean, variance)
+        outputs = ops.batch_normalization(
+            inputs, mean, variance, axis=self.axis, offset=ops.cast(self.beta, inputs.dtype),
+            scale=ops.cast(self.gamma, inputs.dtype), epsilon=self.epsilon,
+        )
+        return ops.cast(outputs, self.compute_dtype)
+
+    def update_moving_statistics(self, mean, variance):
+        """moving <- moving * momentum + batch * (1 - momentum), as Keras' training call."""
+        for moving, batch in ((self.moving_mean, mean), (self.moving_variance, variance)):
+            moving.assign(ops.cast(moving, batch.dtype) * self.momentum + batch * (1.0 - self.momentum))
+
+
+class StatisticsCollector:
+    """Collects the batch statistics of `BatchNorm` layers called inside `with collector:`."""
+
+    def __init__(self, layers):
+        self.layers = list(layers)
+        self.called, self.statistics = [], []
+
+    def add(self, layer, mean, variance):
+        self.called.append(layer)
+        self.statistics.append((mean, variance))
+
+    def __enter__(self):
+        for layer in self.layers:
+            layer.collector = self
+        return self
+
+    def __exit__(self, *exception):
+        for layer in self.layers:
+            layer.collector = None
+
+
 def batch_norm(weight_decay, name, dtype=None):
     """BatchNorm with the official code's momentum and epsilon, decay on gamma and beta.
 
     The official code applies weight decay to all parameters, BatchNorm's included.
     """
     regularizer = defaults.weight_regularizer(weight_decay)
-    return keras.layers.BatchNormalization(
+    return BatchNorm(
         momentum=defaults.BATCH_NORM_MOMENTUM,
         epsilon=defaults.BATCH_NORM_EPSILON,
         gamma_regularizer=regularizer,

@@ -75,6 +75,10 @@ class ResidualUnit(keras.layers.Layer):
         stride_on: "first" or "3x3": which convolution of a bottleneck is strided.
         weight_decay: the paper's coupled weight decay on every weight of the unit
             (see `defaults.weight_regularizer`).
+        rematerialize: while training, keep only the unit's input for the backward
+            pass and compute its branches again there (`keras.remat`): less memory
+            for about one more forward pass. BatchNorm's moving averages are updated
+            once, outside the recomputed function, exactly as without.
         **kwargs: `keras.layers.Layer` arguments (`name`, `dtype`, ...).
     """
 
@@ -93,6 +97,7 @@ class ResidualUnit(keras.layers.Layer):
         merge=None,
         stride_on="first",
         weight_decay=0.0,
+        rematerialize=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -112,6 +117,9 @@ class ResidualUnit(keras.layers.Layer):
         self.shortcut = shortcut
         self.stride_on = stride_on
         self.weight_decay = defaults.validate_weight_decay(weight_decay)
+        if not isinstance(rematerialize, bool):
+            raise ValueError(f"rematerialize must be True or False. Received: rematerialize={rematerialize!r}")
+        self.rematerialize = rematerialize
 
         branch = FORMS[form]
         self.output_channels = branch.widths(filters)[-1]
@@ -139,6 +147,30 @@ class ResidualUnit(keras.layers.Layer):
         measures them.
         """
         raise NotImplementedError(f"{type(self).__name__} must define its branches")
+
+    def computed_branches(self, inputs, training):
+        """`branches(inputs)`, rematerialized while training if the unit is asked to.
+
+        The recomputed function returns the batch statistics of its BatchNorms with
+        h(x) and F(x), and the moving averages are updated here, once.
+        """
+        if not (self.rematerialize and training):
+            return self.branches(inputs)
+        collectors = []
+
+        def forward(x):
+            with blocks.StatisticsCollector(self.all_batch_norms()) as collector:
+                shortcut, residual = self.branches(x)
+            collectors.append(collector)
+            return shortcut, residual, tuple(collector.statistics)
+
+        shortcut, residual, statistics = keras.remat(forward)(inputs)
+        for norm, (mean, variance) in zip(collectors[0].called, statistics):
+            norm.update_moving_statistics(ops.stop_gradient(mean), ops.stop_gradient(variance))
+        return shortcut, residual
+
+    def all_batch_norms(self):
+        return [layer for layer in self._flatten_layers() if isinstance(layer, blocks.BatchNorm)]
 
     def post_activation_branch(self, inputs, normalize_last=True):
         """conv-BN-ReLU, ..., conv-BN: F of the original unit (Fig. 4(a))."""
@@ -173,6 +205,7 @@ class ResidualUnit(keras.layers.Layer):
             merge=merge,
             stride_on=self.stride_on,
             weight_decay=self.weight_decay,
+            rematerialize=self.rematerialize,
         )
         return config
 
@@ -204,7 +237,7 @@ class OriginalUnit(ResidualUnit):
         return self.shortcut_path(inputs), self.post_activation_branch(inputs)
 
     def call(self, inputs, training=None):
-        shortcut, residual = self.branches(inputs)
+        shortcut, residual = self.computed_branches(inputs, training)
         return ops.relu(self.merge(shortcut, residual))
 
 
@@ -220,7 +253,7 @@ class BatchNormAfterAdditionUnit(ResidualUnit):
         return self.shortcut_path(inputs), self.post_activation_branch(inputs, normalize_last=False)
 
     def call(self, inputs, training=None):
-        shortcut, residual = self.branches(inputs)
+        shortcut, residual = self.computed_branches(inputs, training)
         return ops.relu(self.norms[-1](self.merge(shortcut, residual)))
 
 
@@ -240,7 +273,7 @@ class ReLUBeforeAdditionUnit(ResidualUnit):
         return self.shortcut_path(inputs), ops.relu(self.post_activation_branch(inputs))
 
     def call(self, inputs, training=None):
-        shortcut, residual = self.branches(inputs)
+        shortcut, residual = self.computed_branches(inputs, training)
         return self.merge(shortcut, residual)
 
 
@@ -298,7 +331,7 @@ class ReLUOnlyPreActivationUnit(PreActivatedUnit):
         return self.shortcut_path(shortcut_input), residual
 
     def call(self, inputs, training=None):
-        shortcut, residual = self.branches(inputs)
+        shortcut, residual = self.computed_branches(inputs, training)
         return self.merge(shortcut, residual)
 
 
@@ -340,7 +373,7 @@ class PreActivationUnit(PreActivatedUnit):
         return self.shortcut_path(shortcut_input), residual
 
     def call(self, inputs, training=None):
-        shortcut, residual = self.branches(inputs)
+        shortcut, residual = self.computed_branches(inputs, training)
         return self.merge(shortcut, residual)
 
 

@@ -43,6 +43,8 @@ class Config:
         gate_bias: b_g, the gates' bias initialisation (Table 1's search).
         scaling: (shortcut scale, residual scale) of "constant_scaling".
         shortcut_dropout: the dropout rate of "shortcut_dropout".
+        rematerialize: recompute each unit's branches in the backward pass instead of
+            keeping their activations (less memory, same results; see `keras_preact.ResNet`).
         dataset: "digits" (embedded, offline), "cifar10", "cifar100" (tensorflow-datasets),
             "imagenet2012" (tensorflow-datasets, manual download) or "folder" (an
             image folder `data_dir/{train,test}/<class>/*.jpg`).
@@ -87,6 +89,7 @@ class Config:
     gate_bias: float = 0.0
     scaling: tuple = (0.5, 1.0)
     shortcut_dropout: float = 0.5
+    rematerialize: bool = False
     dataset: str = "cifar10"
     data_dir: str = None
     image_size: int = 32

@@ -161,7 +161,7 @@ MERGES = {
 
 
 def network_of(config, input_shape, classes):
-    """The network of `config` (model, unit, shortcut, merge), ending in logits."""
+    """The network of `config` (model, unit, shortcut, merge, rematerialization), ending in logits."""
     options = {} if config.unit is None else dict(unit=config.unit)
     if config.shortcut != "identity":
         options["shortcut"] = config.shortcut
@@ -171,6 +171,7 @@ def network_of(config, input_shape, classes):
         classes=classes,
         classifier_activation=None,
         weight_decay=config.weight_decay,
+        rematerialize=config.rematerialize,
         merge=MERGES[config.merge](config),
         **options,
     )

@@ -128,6 +128,7 @@ def test_tables_hold_the_papers_figures():
 
 def test_fail_is_reported_as_the_paper_does():
     assert ablation.shown(20.0) == "20.00" and ablation.shown(20.01) == "fail (20.01)"
+    assert ablation.shown(45.0, fail_above=False) == "45.00"  # a small budget's table
     assert ablation.shown("fail") == "fail" and ablation.shown(None) == "-"
     assert ablation.describe([7.0, 5.0, 6.0]) == (6.0, 6.0, 1.0)
 
@@ -164,7 +165,9 @@ def test_tiny_ablation_runs_end_to_end_and_resumes(cifar_folder, tmp_path):
     table = open(os.path.join(output, "table3.md")).read()
     assert "**A small budget: these numbers are not comparable with the paper's.**" in table
     assert "duration=6 (paper: 64000)" in table and "2 seed(s) (paper: median of 5)" in table
-    assert "| resnet20 cifar10 (paper: resnet110): median | mean ± std | paper |" in table
+    assert ("| variant | resnet20 cifar10: median | mean ± std | paper (resnet110_1layer) | paper (resnet110) | "
+            "paper (resnet164) | paper (resnet1001) |") in table
+    assert "(not applied at this budget)" in table and "fail (" not in table
     assert os.path.getsize(os.path.join(output, "table3_curves.png")) > 10000
     summary = json.load(open(os.path.join(output, "table3", "cifar10", "resnet20", "original_unit", "seed1",
                                           "summary.json")))

@@ -217,42 +217,47 @@ def describe(errors):
     return statistics.median(errors), statistics.mean(errors), statistics.stdev(errors) if len(errors) > 1 else 0.0
 
 
-def shown(error):
-    """An error as the paper shows it: "fail" above 20 %, with the number beside."""
+def shown(error, fail_above=True):
+    """An error as the paper shows it: "fail" above 20 % at the paper's budget (with the
+    number beside); at a smaller budget, where every error may be high, the number alone."""
     if error == FAIL or error is None:
         return error or "-"
-    return f"fail ({error:.2f})" if error > FAIL_ERROR else f"{error:.2f}"
+    return f"fail ({error:.2f})" if fail_above and error > FAIL_ERROR else f"{error:.2f}"
 
 
 def write_tables(table_number, table, chosen, output, budget):
-    columns = []
+    """One column group per trained (dataset, network): median, mean ± std, and the
+    paper's error for each of the table's networks it stands for."""
+    groups = {}
     for cell in chosen:
-        if (cell.dataset, cell.model, cell.paper_model) not in columns:
-            columns.append((cell.dataset, cell.model, cell.paper_model))
+        papers = groups.setdefault((cell.dataset, cell.model), [])
+        if cell.paper_model not in papers:
+            papers.append(cell.paper_model)
     lines = [f"# {table.title}", ""]
     if budget:
         lines += [budget, ""]
     header = ["variant"]
-    for dataset, model, paper_model in columns:
-        label = f"{model} {dataset}" + ("" if model == paper_model else f" (paper: {paper_model})")
-        header += [f"{label}: median", "mean ± std", "paper"]
+    for (dataset, model), papers in groups.items():
+        header += [f"{model} {dataset}: median", "mean ± std"]
+        header += [f"paper ({paper})" if paper != model else "paper" for paper in papers]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     records = []
     for row in table.rows:
         entries = [row.label]
-        for dataset, model, paper_model in columns:
-            cell = next(cell for cell in chosen if (cell.row, cell.dataset, cell.model, cell.paper_model)
-                        == (row, dataset, model, paper_model))
+        for (dataset, model), papers in groups.items():
+            cell = next(cell for cell in chosen if (cell.row, cell.dataset, cell.model) == (row, dataset, model))
             median, mean, std = describe(cell.errors)
-            paper = table.paper_error(row, dataset, paper_model)
-            entries += [shown(median), f"{mean:.2f} ± {std:.2f}", shown(paper)]
-            records.append(dict(table=table_number, variant=row.label, dataset=dataset, model=model,
-                                paper_model=paper_model, seeds=len(cell.errors), median=round(median, 4),
-                                mean=round(mean, 4), std=round(std, 4), failed=median > FAIL_ERROR,
-                                errors=" ".join(f"{error:.4f}" for error in cell.errors), paper=paper))
+            entries += [shown(median, not budget), f"{mean:.2f} ± {std:.2f}"]
+            for paper_model in papers:
+                paper = table.paper_error(row, dataset, paper_model)
+                entries.append(shown(paper))
+                records.append(dict(table=table_number, variant=row.label, dataset=dataset, model=model,
+                                    paper_model=paper_model, seeds=len(cell.errors), median=round(median, 4),
+                                    mean=round(mean, 4), std=round(std, 4), failed=median > FAIL_ERROR,
+                                    errors=" ".join(f"{error:.4f}" for error in cell.errors), paper=paper))
         lines.append("| " + " | ".join(entries) + " |")
     lines += ["", f"Test error (%) of the final model, over {len(chosen[0].errors)} seed(s); \"fail\": above "
-              f"{FAIL_ERROR:.0f} %, as the paper reports it."]
+              f"{FAIL_ERROR:.0f} %, as the paper reports it" + (" (not applied at this budget)." if budget else ".")]
     with open(os.path.join(output, f"table{table_number}.md"), "w") as file:
         file.write("\n".join(lines) + "\n")
     with open(os.path.join(output, f"table{table_number}.csv"), "w", newline="") as file:
@@ -274,7 +279,8 @@ def plot_curves(table, chosen, png_path):
     figure, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), dpi=110, squeeze=False)
     for axis, (dataset, model) in zip(axes[0], panels):
         loss_axis = axis.twinx()
-        for index, cell in enumerate(cell for cell in chosen if (cell.dataset, cell.model) == (dataset, model)):
+        panel = {cell.row.label: cell for cell in chosen if (cell.dataset, cell.model) == (dataset, model)}
+        for index, cell in enumerate(panel.values()):  # a network standing for several columns: once
             rows = plots.read_log(os.path.join(cell.run_dirs[0], "log.csv"))
             color = plt.cm.tab10(index % 10)
             loss_axis.plot([int(row["step"]) for row in rows], [float(row["loss"]) for row in rows], "--",
@@ -286,7 +292,7 @@ def plot_curves(table, chosen, png_path):
         axis.set(xlabel="iterations", ylabel="test error (%), solid", title=f"{model} on {dataset}", ylim=(0, None))
         loss_axis.set(ylabel="training loss, dashed", ylim=(0, None))
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7, loc="upper right")
+        axis.legend(fontsize=7, loc="lower left")
     figure.suptitle(table.title)
     figure.tight_layout()
     figure.savefig(png_path)

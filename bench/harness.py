@@ -1,0 +1,177 @@
+"""The benchmark harness: keras-preact's networks against their peers and this machine's limit.
+
+    python bench/harness.py                                   # ResNet-164, ResNet-50 vs ResNet50V2
+    python bench/harness.py --models resnet1001 resnet152 --peers ResNet152V2
+
+For each network, in a fresh process (so that peak memory is its own): seconds to build
+it; seconds to the end of the first training step (SGD with momentum, the loss and
+weight decay, in a `tf.function`: tracing included); training images/s (median of
+`--steps` later steps); inference images/s; SavedModel export (`model.export`) and reload
+seconds; the peak resident memory of the process. Batch 128 at 32x32 for CIFAR networks,
+batch 32 at 224x224 for ImageNet networks. FLOPs per image are counted from the traced
+forward graph (TensorFlow's profiler: convolutions and matrix products), and each training
+rate is set against the CPU's measured float32 matmul rate (training ~ 3 x forward FLOPs).
+Keras Applications peers (`--peers`) are measured side by side, with our network of the
+same depth, and their ratio printed.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+# Keras Applications' pre-activation ResNets, against ours of the same depth.
+PEERS = {"ResNet50V2": "resnet50", "ResNet101V2": "resnet101", "ResNet152V2": "resnet152"}
+CIFAR_BATCH, IMAGENET_BATCH = 128, 32
+# Training a network costs about three times its forward pass (forward, and the
+# gradients with respect to activations and to weights).
+TRAINING_FLOPS_PER_FORWARD = 3
+
+
+def build(name):
+    import keras
+
+    import keras_preact
+
+    if name in PEERS:
+        return getattr(keras.applications, name)(weights=None, classifier_activation=None)
+    return keras_preact.get_model(name, classifier_activation=None)
+
+
+def forward_flops(model):
+    """FLOPs of one image's forward pass, from the traced graph."""
+    import tensorflow as tf
+
+    function = tf.function(lambda images: model(images, training=False))
+    graph = function.get_concrete_function(tf.TensorSpec((1, *model.input_shape[1:]), tf.float32)).graph
+    options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
+    options["output"] = "none"
+    return tf.compat.v1.profiler.profile(graph, options=options).total_float_ops
+
+
+def peak_resident_gibibytes():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 2**20
+
+
+def measure(name, steps):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    started = time.perf_counter()
+    model = build(name)
+    build_seconds = time.perf_counter() - started
+    shape = model.input_shape[1:]
+    batch = CIFAR_BATCH if shape[0] == 32 else IMAGENET_BATCH
+    classes = model.output_shape[-1]
+    images = tf.constant(np.random.default_rng(0).normal(size=(batch, *shape)).astype("float32"))
+    labels = tf.constant(np.arange(batch) % classes)
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step():
+        with tf.GradientTape() as tape:
+            value = loss(labels, model(images, training=True))
+            if model.losses:
+                value += tf.add_n(model.losses)
+        optimizer.apply(tape.gradient(value, model.trainable_variables), model.trainable_variables)
+        return value
+
+    predict = tf.function(lambda batch_images: model(batch_images, training=False))
+    started = time.perf_counter()
+    train_step().numpy()
+    first_step = time.perf_counter() - started
+    step_seconds = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        train_step().numpy()
+        step_seconds.append(time.perf_counter() - started)
+    predict(images).numpy()
+    inference_seconds = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        predict(images).numpy()
+        inference_seconds.append(time.perf_counter() - started)
+    with tempfile.TemporaryDirectory() as directory:
+        started = time.perf_counter()
+        model.export(os.path.join(directory, "1"), verbose=False)
+        export_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        tf.saved_model.load(os.path.join(directory, "1"))
+        reload_seconds = time.perf_counter() - started
+    return dict(name=name, batch=batch, image_size=shape[0], build_s=build_seconds, first_step_s=first_step,
+                train_images_per_s=batch / statistics.median(step_seconds),
+                inference_images_per_s=batch / statistics.median(inference_seconds),
+                export_s=export_seconds, reload_s=reload_seconds, forward_flops=forward_flops(model),
+                peak_gib=peak_resident_gibibytes())
+
+
+def matmul_flops_per_second(size=4096, repeats=10):
+    """The CPU's float32 matmul rate through TensorFlow (the best of `repeats`)."""
+    import tensorflow as tf
+
+    a = tf.random.normal((size, size))
+    b = tf.random.normal((size, size))
+    tf.matmul(a, b).numpy()
+    best = min(_timed(lambda: tf.matmul(a, b).numpy()) for _ in range(repeats))
+    return 2 * size**3 / best
+
+
+def _timed(function):
+    started = time.perf_counter()
+    function()
+    return time.perf_counter() - started
+
+
+def run_one(name, steps):
+    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--steps", str(steps)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{name} failed: {result.stderr.strip().splitlines()[-1:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet164"], help="keras-preact networks")
+    parser.add_argument("--peers", nargs="*", default=["ResNet50V2"], choices=sorted(PEERS),
+                        help="Keras Applications peers, each measured with our network of its depth")
+    parser.add_argument("--steps", type=int, default=3, help="timed training steps after the first")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.one:
+        print(json.dumps(measure(arguments.one, arguments.steps)))
+        return
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from training_throughput import machine
+
+    peak = matmul_flops_per_second()
+    print(f"machine: {machine()}; float32 matmul {peak / 1e9:.0f} GFLOP/s; {time.strftime('%Y-%m-%d')}")
+    names = list(dict.fromkeys(arguments.models + [name for peer in arguments.peers for name in (PEERS[peer], peer)]))
+    results = {name: run_one(name, arguments.steps) for name in names}
+    print("| network | batch x size | build s | first step s | train img/s | infer img/s | export s | "
+          "reload s | peak GiB | GFLOPs/img | of matmul peak |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, row in results.items():
+        fraction = row["train_images_per_s"] * TRAINING_FLOPS_PER_FORWARD * row["forward_flops"] / peak
+        print(f"| {name} | {row['batch']} x {row['image_size']} | {row['build_s']:.1f} | {row['first_step_s']:.1f} | "
+              f"{row['train_images_per_s']:.1f} | {row['inference_images_per_s']:.1f} | {row['export_s']:.1f} | "
+              f"{row['reload_s']:.1f} | {row['peak_gib']:.2f} | {row['forward_flops'] / 1e9:.2f} | "
+              f"{fraction:.0%} |")
+    for peer in arguments.peers:
+        ours, theirs = results[PEERS[peer]], results[peer]
+        print(f"{PEERS[peer]} / {peer}: training {ours['train_images_per_s'] / theirs['train_images_per_s']:.2f}x, "
+              f"inference {ours['inference_images_per_s'] / theirs['inference_images_per_s']:.2f}x, "
+              f"first step {theirs['first_step_s'] / ours['first_step_s']:.2f}x as fast")
+
+
+if __name__ == "__main__":
+    main()

@@ -12,7 +12,8 @@ batch 32 at 224x224 for ImageNet networks. FLOPs per image are counted from the 
 forward graph (TensorFlow's profiler: convolutions and matrix products), and each training
 rate is set against the CPU's measured float32 matmul rate (training ~ 3 x forward FLOPs).
 Keras Applications peers (`--peers`) are measured side by side, with our network of the
-same depth, and their ratio printed.
+same depth, and so are PyTorch's (`--torch resnet50 resnet164`, `bench/torch_peers.py`,
+with the `bench` extra: torch 2.13.0's CPU build); the ratios are printed.
 """
 
 import argparse
@@ -132,8 +133,12 @@ def _timed(function):
 
 
 def run_one(name, steps):
-    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--steps", str(steps)],
-                            capture_output=True, text=True)
+    if name.startswith("torch_"):
+        command = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peers.py"), "--model",
+                   name[len("torch_"):]]
+    else:
+        command = [os.path.abspath(__file__), "--one", name]
+    result = subprocess.run([sys.executable, *command, "--steps", str(steps)], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{name} failed: {result.stderr.strip().splitlines()[-1:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -144,6 +149,8 @@ def main():
     parser.add_argument("--models", nargs="+", default=["resnet164"], help="keras-preact networks")
     parser.add_argument("--peers", nargs="*", default=["ResNet50V2"], choices=sorted(PEERS),
                         help="Keras Applications peers, each measured with our network of its depth")
+    parser.add_argument("--torch", nargs="*", default=[], choices=["resnet50", "resnet164"],
+                        help="PyTorch peers of our networks (needs torch, the `bench` extra)")
     parser.add_argument("--steps", type=int, default=3, help="timed training steps after the first")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
@@ -155,22 +162,32 @@ def main():
 
     peak = matmul_flops_per_second()
     print(f"machine: {machine()}; float32 matmul {peak / 1e9:.0f} GFLOP/s; {time.strftime('%Y-%m-%d')}")
-    names = list(dict.fromkeys(arguments.models + [name for peer in arguments.peers for name in (PEERS[peer], peer)]))
+    names = list(dict.fromkeys(arguments.models + [name for peer in arguments.peers for name in (PEERS[peer], peer)]
+                               + [name for model in arguments.torch for name in (model, f"torch_{model}")]))
     results = {name: run_one(name, arguments.steps) for name in names}
+    for name in names:  # the same network in PyTorch does the same work
+        if name.startswith("torch_"):
+            results[name]["forward_flops"] = results[name[len("torch_"):]]["forward_flops"]
     print("| network | batch x size | build s | first step s | train img/s | infer img/s | export s | "
           "reload s | peak GiB | GFLOPs/img | of matmul peak |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, row in results.items():
         fraction = row["train_images_per_s"] * TRAINING_FLOPS_PER_FORWARD * row["forward_flops"] / peak
+        optional = [f"{row[field]:.1f}" if field in row else "-" for field in ("export_s", "reload_s")]
+        optional.append(f"{row['peak_gib']:.2f}" if "peak_gib" in row else "-")
         print(f"| {name} | {row['batch']} x {row['image_size']} | {row['build_s']:.1f} | {row['first_step_s']:.1f} | "
-              f"{row['train_images_per_s']:.1f} | {row['inference_images_per_s']:.1f} | {row['export_s']:.1f} | "
-              f"{row['reload_s']:.1f} | {row['peak_gib']:.2f} | {row['forward_flops'] / 1e9:.2f} | "
-              f"{fraction:.0%} |")
+              f"{row['train_images_per_s']:.1f} | {row['inference_images_per_s']:.1f} | {' | '.join(optional)} | "
+              f"{row['forward_flops'] / 1e9:.2f} | {fraction:.0%} |")
     for peer in arguments.peers:
         ours, theirs = results[PEERS[peer]], results[peer]
         print(f"{PEERS[peer]} / {peer}: training {ours['train_images_per_s'] / theirs['train_images_per_s']:.2f}x, "
               f"inference {ours['inference_images_per_s'] / theirs['inference_images_per_s']:.2f}x, "
               f"first step {theirs['first_step_s'] / ours['first_step_s']:.2f}x as fast")
+    for model in arguments.torch:
+        ours, theirs = results[model], results[f"torch_{model}"]
+        print(f"{model} / PyTorch {theirs['torch']} ({theirs['threads']} threads): training "
+              f"{ours['train_images_per_s'] / theirs['train_images_per_s']:.2f}x, inference "
+              f"{ours['inference_images_per_s'] / theirs['inference_images_per_s']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -35,11 +35,12 @@ CIFAR_BATCH, IMAGENET_BATCH = 128, 32
 TRAINING_FLOPS_PER_FORWARD = 3
 
 
-def build(name):
+def build(name, precision="float32"):
     import keras
 
     import keras_preact
 
+    keras.config.set_dtype_policy(precision)
     if name in PEERS:
         return getattr(keras.applications, name)(weights=None, classifier_activation=None)
     return keras_preact.get_model(name, classifier_activation=None)
@@ -61,13 +62,13 @@ def peak_resident_gibibytes():
         return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 2**20
 
 
-def measure(name, steps):
+def measure(name, steps, precision="float32", xla=False):
     import keras
     import numpy as np
     import tensorflow as tf
 
     started = time.perf_counter()
-    model = build(name)
+    model = build(name, precision)
     build_seconds = time.perf_counter() - started
     shape = model.input_shape[1:]
     batch = CIFAR_BATCH if shape[0] == 32 else IMAGENET_BATCH
@@ -77,16 +78,16 @@ def measure(name, steps):
     optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    @tf.function
+    @tf.function(jit_compile=xla)
     def train_step():
         with tf.GradientTape() as tape:
-            value = loss(labels, model(images, training=True))
+            value = loss(labels, tf.cast(model(images, training=True), tf.float32))
             if model.losses:
                 value += tf.add_n(model.losses)
         optimizer.apply(tape.gradient(value, model.trainable_variables), model.trainable_variables)
         return value
 
-    predict = tf.function(lambda batch_images: model(batch_images, training=False))
+    predict = tf.function(lambda batch_images: model(batch_images, training=False), jit_compile=xla)
     started = time.perf_counter()
     train_step().numpy()
     first_step = time.perf_counter() - started
@@ -108,7 +109,7 @@ def measure(name, steps):
         started = time.perf_counter()
         tf.saved_model.load(os.path.join(directory, "1"))
         reload_seconds = time.perf_counter() - started
-    return dict(name=name, batch=batch, image_size=shape[0], build_s=build_seconds, first_step_s=first_step,
+    return dict(name=name + (f" {precision}" if precision != "float32" else "") + (" XLA" if xla else ""), batch=batch, image_size=shape[0], build_s=build_seconds, first_step_s=first_step,
                 train_images_per_s=batch / statistics.median(step_seconds),
                 inference_images_per_s=batch / statistics.median(inference_seconds),
                 export_s=export_seconds, reload_s=reload_seconds, forward_flops=forward_flops(model),
@@ -132,12 +133,12 @@ def _timed(function):
     return time.perf_counter() - started
 
 
-def run_one(name, steps):
+def run_one(name, steps, options=()):
     if name.startswith("torch_"):
         command = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peers.py"), "--model",
                    name[len("torch_"):]]
     else:
-        command = [os.path.abspath(__file__), "--one", name]
+        command = [os.path.abspath(__file__), "--one", name, *options]
     result = subprocess.run([sys.executable, *command, "--steps", str(steps)], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{name} failed: {result.stderr.strip().splitlines()[-1:]}")
@@ -152,10 +153,14 @@ def main():
     parser.add_argument("--torch", nargs="*", default=[], choices=["resnet50", "resnet164"],
                         help="PyTorch peers of our networks (needs torch, the `bench` extra)")
     parser.add_argument("--steps", type=int, default=3, help="timed training steps after the first")
+    parser.add_argument("--variants", action="store_true",
+                        help="also measure --models with mixed_bfloat16, with XLA, and with both")
+    parser.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
+    parser.add_argument("--xla", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.one:
-        print(json.dumps(measure(arguments.one, arguments.steps)))
+        print(json.dumps(measure(arguments.one, arguments.steps, arguments.precision, arguments.xla)))
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from training_throughput import machine
@@ -165,6 +170,11 @@ def main():
     names = list(dict.fromkeys(arguments.models + [name for peer in arguments.peers for name in (PEERS[peer], peer)]
                                + [name for model in arguments.torch for name in (model, f"torch_{model}")]))
     results = {name: run_one(name, arguments.steps) for name in names}
+    if arguments.variants:
+        for name in arguments.models:
+            for options in (["--precision", "mixed_bfloat16"], ["--xla"], ["--precision", "mixed_bfloat16", "--xla"]):
+                row = run_one(name, arguments.steps, options)
+                results[row["name"]] = row
     for name in names:  # the same network in PyTorch does the same work
         if name.startswith("torch_"):
             results[name]["forward_flops"] = results[name[len("torch_"):]]["forward_flops"]

@@ -59,8 +59,8 @@ def ResNet(
             applied as an L2 regularizer of half that value (see
             `keras_preact.defaults.weight_regularizer`); 0 for none.
         rematerialize: recompute every unit's branches in the backward pass instead
-            of keeping their activations (`keras.remat`): ResNet-1001 then trains at
-            the paper's batch size in a fraction of the memory. Same results.
+            of keeping their activations (`keras.remat`): less activation memory for
+            about one more forward pass, the same gradients and BatchNorm statistics.
         include_top: whether to end with the fully connected classifier.
         weights: `None` (random initialisation) or the path of a weights file
             (`.weights.h5`) saved from the same network.

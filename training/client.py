@@ -18,6 +18,8 @@ def query(server, model, paths, signature="serving_default", top_k=None, timeout
         ValueError: with the server's message, for a request it refused.
         ConnectionError: if no server answers at `server`.
     """
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer. Received: top_k={top_k!r}")
     instances = []
     for path in paths:
         with open(path, "rb") as file:

@@ -192,11 +192,11 @@ def main(argv=None):
         train_seeds(config, run_dir, arguments.seeds)
         return 0
     except Exception as error:
-        from training import loop
-
-        # Bad input exits with 2, a diverged run with 3, each with its message alone.
+        # Bad input exits with 2, a diverged run with 3, each with its message alone (only a
+        # command that trains has imported the loop).
+        loop = sys.modules.get("training.loop")
         exit_codes = {ValueError: 2, FileNotFoundError: 2, FileExistsError: 2, ConnectionError: 2,
-                      loop.TrainingDiverged: 3}
+                      **({loop.TrainingDiverged: 3} if loop else {})}
         code = next((code for kind, code in exit_codes.items() if isinstance(error, kind)), None)
         if code is None:
             raise

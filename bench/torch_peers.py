@@ -19,6 +19,7 @@ import statistics
 import time
 
 import torch
+from harness import peak_resident_gibibytes  # bench/, the script's folder
 from torch import nn
 
 BATCH_NORM = dict(eps=1e-5, momentum=0.1)  # keras-preact's: Keras momentum 0.9
@@ -79,11 +80,6 @@ class PreActivationResNet(nn.Module):
 
     def forward(self, x):
         return self.classifier(self.final(self.units(self.stem(x))))
-
-
-def peak_resident_gibibytes():
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 2**20
 
 
 def measure(name, steps):

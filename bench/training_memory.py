@@ -17,11 +17,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-
-def peak_resident_gibibytes():
-    with open("/proc/self/status") as status:
-        kilobytes = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-    return kilobytes / 2**20
+from harness import peak_resident_gibibytes  # noqa: E402  (bench/, the script's folder)
 
 
 def measure(model_name, batch_size, rematerialize, steps):
@@ -71,7 +67,6 @@ def main():
         print(json.dumps(measure(arguments.model, arguments.batch_size, arguments.rematerialize == "on",
                                  arguments.steps)))
         return
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from training_throughput import machine
 
     print(f"machine: {machine()}")

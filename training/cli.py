@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def parser():
-    from training import configs
+    from training import configs, export, serve, tune
 
     main = argparse.ArgumentParser(
         prog="python -m training", description=__doc__.split("\n\n")[0],
@@ -62,49 +62,57 @@ def parser():
     diagnose.add_argument("--data-dir", help="CIFAR-10 as an image folder; default: the embedded digits")
     diagnose.add_argument("--seed", type=int, default=0, help="seed of the networks' initialisation (default: 0)")
     diagnose.add_argument("--output", default=os.path.join("runs", "diagnose"), help="default: runs/diagnose")
-    export = commands.add_parser(
+    export_parser = commands.add_parser(
         "export", help="export a trained run as a SavedModel for TF Serving, then check it on a test image",
         description="Export the model of a finished training run to <output>/<name>/<version>/ with the "
         "signatures serving_default (encoded images), predict_pixels (uint8) and predict_normalized (float), "
         "and metadata.json; reload it and print its prediction on the first test image of the run's data.",
     )
-    export.add_argument("--run-dir", required=True, help="a finished run of `python -m training train`")
-    export.add_argument("--output", default="saved_models", help="folder of exported models (default: saved_models)")
-    export.add_argument("--name", help="model name, the folder TF Serving serves (default: <dataset>_<model>)")
-    export.add_argument("--version", type=int, help="version number (default: one more than the highest there)")
-    export.add_argument("--top-k", type=int, default=5, help="classes each prediction lists (default: 5)")
-    serve = commands.add_parser(
+    export_parser.add_argument("--run-dir", required=True, help="a finished run of `python -m training train`")
+    export_parser.add_argument("--output", default=export.DEFAULT_DIRECTORY,
+                                help=f"folder of exported models (default: {export.DEFAULT_DIRECTORY})")
+    export_parser.add_argument("--name", help="model name, the folder TF Serving serves (default: <dataset>_<model>)")
+    export_parser.add_argument("--version", type=int, help="version number (default: one more than the highest there)")
+    export_parser.add_argument("--top-k", type=int, default=export.DEFAULT_TOP_K,
+                                help=f"classes each prediction lists (default: {export.DEFAULT_TOP_K})")
+    serve_parser = commands.add_parser(
         "serve", help="serve an exported model over TF Serving's REST API",
         description="Serve the highest version of a model folder at /v1/models/<name> with TF Serving's REST "
         "API (GET status and metadata, POST :predict with instances or inputs, images as {\"b64\": ...}).",
     )
-    serve.add_argument("model_dir", help="the model's folder, e.g. saved_models/digits_resnet20")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8501, help="port (default: 8501, TF Serving's REST port)")
-    serve.add_argument("--max-batch", type=int, default=64, help="most instances per request (default: 64)")
-    serve.add_argument("--verbose", action="store_true", help="log every request")
+    serve_parser.add_argument("model_dir", help="the model's folder, e.g. saved_models/digits_resnet20")
+    serve_parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve_parser.add_argument("--port", type=int, default=serve.DEFAULT_PORT,
+                               help=f"port (default: {serve.DEFAULT_PORT}, TF Serving's REST port)")
+    serve_parser.add_argument("--max-batch", type=int, default=serve.DEFAULT_MAX_BATCH,
+                               help=f"most instances per request (default: {serve.DEFAULT_MAX_BATCH})")
+    serve_parser.add_argument("--verbose", action="store_true", help="log every request")
     query = commands.add_parser("query", help="send image files to a TF Serving REST endpoint, print top-k classes")
     query.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP)")
     query.add_argument("--model", required=True, help="the served model's name")
-    query.add_argument("--server", default="http://127.0.0.1:8501", help="default: http://127.0.0.1:8501")
-    query.add_argument("--top-k", type=int, default=5, help="classes to print per image (default: 5)")
-    tune = commands.add_parser(
+    server = f"http://127.0.0.1:{serve.DEFAULT_PORT}"
+    query.add_argument("--server", default=server, help=f"default: {server}")
+    query.add_argument("--top-k", type=int, default=export.DEFAULT_TOP_K,
+                       help=f"classes to print per image (default: {export.DEFAULT_TOP_K})")
+    tune_parser = commands.add_parser(
         "tune", help="search the gates' bias b_g (Table 1) with keras-tuner, then train and test the best",
         description="Search b_g from 0 to -10 (step -1) for exclusive and shortcut-only gating with keras-tuner, "
         "on a validation split held out of the training set; train the best on the whole training set and "
         "test it. Running the same command again resumes the search.",
     )
-    add_config_arguments(tune, default_model="resnet110")
-    tune.add_argument("--output", default=os.path.join("runs", "tune"), help="default: runs/tune")
-    tune.add_argument("--gatings", nargs="+", default=["exclusive_gating", "shortcut_only_gating"],
-                      help="exclusive_gating and/or shortcut_only_gating (default: both)")
-    tune.add_argument("--tuner", default="grid", choices=["grid", "random", "hyperband"], help="default: grid")
-    tune.add_argument("--trials", type=int, help="the most trials (default: the whole grid, 11 per gating)")
-    tune.add_argument("--validation-examples", type=int, default=5000,
-                      help="training images held out for the objective (default: 5000)")
-    tune.add_argument("--rounds", type=int, default=1,
-                      help="validation evaluations per trial (Hyperband's epochs, at least 3; default: 1)")
-    tune.add_argument("--no-retrain", action="store_true", help="skip training the best on the whole training set")
+    add_config_arguments(tune_parser, default_model="resnet110")
+    tune_parser.add_argument("--output", default=os.path.join("runs", "tune"), help="default: runs/tune")
+    tune_parser.add_argument("--gatings", nargs="+", default=list(tune.GATINGS),
+                              help="exclusive_gating and/or shortcut_only_gating (default: both)")
+    tune_parser.add_argument("--tuner", default="grid", choices=sorted(tune.TUNERS), help="default: grid")
+    tune_parser.add_argument("--trials", type=int, help="the most trials (default: the whole grid, 11 per gating)")
+    tune_parser.add_argument("--validation-examples", type=int, default=tune.DEFAULT_VALIDATION_EXAMPLES,
+                              help="training images held out for the objective "
+                              f"(default: {tune.DEFAULT_VALIDATION_EXAMPLES})")
+    tune_parser.add_argument("--rounds", type=int, default=1,
+                              help="validation evaluations per trial (Hyperband's epochs, at least 3; default: 1)")
+    tune_parser.add_argument("--no-retrain", action="store_true",
+                              help="skip training the best on the whole training set")
     ablate = commands.add_parser(
         "ablate", help="train every variant of the paper's Table 1, 2 or 3 and set the results beside the paper's",
         description="Train every variant of a table of the paper for --seeds seeds and write the table (median, "

@@ -27,7 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from training import data, recipe
+from training import configs, data, recipe
 
 SIGNATURES = ("serving_default", "predict_pixels", "predict_normalized")
 OUTPUTS = ("logits", "probabilities", "class_ids", "classes", "scores")
@@ -287,8 +287,6 @@ def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k
 
 
 def run_config(summary):
-    from training import configs
-
     return configs.Config(**{field: tuple(value) if isinstance(value, list) else value
                              for field, value in summary["config"].items()})
 

@@ -34,9 +34,11 @@ from keras_preact.models import (
     ResNet200,
     ResNet1001,
     ResNet1202,
+    copy_weights,
     get_model,
     list_models,
 )
+from keras_preact.stacked import StackedUnits
 from keras_preact.units import (
     BatchNormAfterAdditionUnit,
     OriginalUnit,

@@ -89,15 +89,17 @@ class Gate(Merge):
     def build(self, shortcut_shape, residual_shape):
         regularizer = defaults.weight_regularizer(self.weight_decay)
         # A 1x1 convolution is a matrix product over the channel axis.
+        self.kernel_initializer = defaults.conv_initializer()
+        self.bias_initializer = keras.initializers.Constant(self.gate_bias)
         self.kernel = self.add_weight(
             shape=(shortcut_shape[-1], residual_shape[-1]),
-            initializer=defaults.conv_initializer(),
+            initializer=self.kernel_initializer,
             regularizer=regularizer,
             name="kernel",
         )
         self.bias = self.add_weight(
             shape=(residual_shape[-1],),
-            initializer=keras.initializers.Constant(self.gate_bias),
+            initializer=self.bias_initializer,
             regularizer=regularizer,
             name="bias",
         )

@@ -8,10 +8,11 @@
 import functools
 import inspect
 import os
+import re
 
 import keras
 
-from keras_preact import architectures, blocks, defaults, merges, units
+from keras_preact import architectures, blocks, defaults, merges, stacked, units
 
 POOLINGS = (None, "avg", "max")
 
@@ -25,6 +26,7 @@ def ResNet(
     stride_on=None,
     weight_decay=defaults.WEIGHT_DECAY,
     rematerialize=False,
+    scan_units=False,
     include_top=True,
     weights=None,
     input_tensor=None,
@@ -61,6 +63,12 @@ def ResNet(
         rematerialize: recompute every unit's branches in the backward pass instead
             of keeping their activations (`keras.remat`): less activation memory for
             about one more forward pass, the same gradients and BatchNorm statistics.
+        scan_units: hold units 2 to the last of each stage as one
+            `keras_preact.stacked.StackedUnits` layer, run as a loop over their
+            stacked weights: the same network, traced once per stage instead of once
+            per unit, so that deep networks build, compile, export and load in
+            seconds. Its weights are named `stage1_units2to111/conv1_kernel`, ...;
+            `copy_weights` converts between the two layouts.
         include_top: whether to end with the fully connected classifier.
         weights: `None` (random initialisation) or the path of a weights file
             (`.weights.h5`) saved from the same network.
@@ -98,6 +106,9 @@ def ResNet(
     units.check_choice("unit", unit, units.UNITS)
     units.check_choice("shortcut", shortcut, ("identity", "projection"))
     units.check_choice("pooling", pooling, POOLINGS)
+    for argument, value in (("rematerialize", rematerialize), ("scan_units", scan_units)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{argument} must be True or False. Received: {argument}={value!r}")
     if merge is not None and not isinstance(merge, merges.Merge):
         raise ValueError(f"merge must be a layer from keras_preact.merges or None. Received: merge={merge!r}")
     weight_decay = defaults.validate_weight_decay(weight_decay)
@@ -120,7 +131,8 @@ def ResNet(
             options = {}
             if issubclass(unit_class, units.PreActivatedUnit):
                 options["preactivation"] = _preactivation(stage, index)
-            x = unit_class(
+            stack = scan_units and index == 2
+            residual_unit = unit_class(
                 width,
                 form=architecture.form,
                 strides=strides,
@@ -128,10 +140,17 @@ def ResNet(
                 merge=merge,
                 stride_on=stride_on,
                 weight_decay=weight_decay,
-                rematerialize=rematerialize,
+                rematerialize=rematerialize and not stack,
                 name=f"stage{stage}_unit{index}",
                 **options,
-            )(x)
+            )
+            if stack:
+                # Units 2 to the last are the same function of different weights.
+                x = stacked.StackedUnits(
+                    residual_unit, unit_count - 1, rematerialize=rematerialize, name=stacked_name(stage, unit_count)
+                )(x)
+                break
+            x = residual_unit(x)
     for layer in unit_class.final_activation:
         x = FINAL_ACTIVATIONS[layer](weight_decay)(x)
 
@@ -164,6 +183,53 @@ def _preactivation(stage, index):
     if index > 1:
         return "residual"
     return "none" if stage == 1 else "shared"
+
+
+def stacked_name(stage, unit_count):
+    """The name of the `StackedUnits` layer that holds units 2 to `unit_count` of `stage`."""
+    return f"stage{stage}_units2to{unit_count}"
+
+
+STACKED_NAME = re.compile(r"stage(\d+)_units(\d+)to(\d+)")
+
+
+def _unit_names(layer):
+    """The names a layer's units have in a network of separate units."""
+    match = STACKED_NAME.fullmatch(layer.name) if isinstance(layer, stacked.StackedUnits) else None
+    if match is None:
+        return [layer.name]
+    stage, first, last = map(int, match.groups())
+    return [f"stage{stage}_unit{index}" for index in range(first, last + 1)]
+
+
+def copy_weights(source, target):
+    """Copies every weight of `source` into `target`, the same network in either layout.
+
+    The two may differ in `scan_units`: a `StackedUnits` layer's slices go to or come
+    from the separate units of the same names (`stage1_unit2`, ...).
+
+    Raises:
+        ValueError: if a layer or unit of `target` has no counterpart in `source`, or
+            their weights differ in number or shape.
+    """
+    weights = {}
+    for layer in source.layers:
+        for index, name in enumerate(_unit_names(layer)):
+            weights[name] = layer.unit_weights(index) if isinstance(layer, stacked.StackedUnits) else layer.get_weights()
+    for layer in target.layers:
+        names = _unit_names(layer)
+        missing = [name for name in names if name not in weights]
+        if missing:
+            raise ValueError(
+                f"copy_weights needs the same network in both models; {source.name} has no layers "
+                f"{missing[:3]}{' ...' if len(missing) > 3 else ''}. Received: source={source.name}, "
+                f"target={target.name}"
+            )
+        if isinstance(layer, stacked.StackedUnits):
+            for index, name in enumerate(names):
+                layer.set_unit_weights(index, weights[name])
+        else:
+            layer.set_weights(weights[layer.name])
 
 
 def _check_weights(weights):

@@ -45,6 +45,9 @@ class Config:
         shortcut_dropout: the dropout rate of "shortcut_dropout".
         rematerialize: recompute each unit's branches in the backward pass instead of
             keeping their activations (less memory, same results; see `keras_preact.ResNet`).
+        scan_units: run units 2 to the last of each stage as one loop over stacked
+            weights (`keras_preact.stacked.StackedUnits`): the same network, built,
+            compiled and exported in seconds at any depth.
         dataset: "digits" (embedded, offline), "cifar10", "cifar100" (tensorflow-datasets),
             "imagenet2012" (tensorflow-datasets, manual download) or "folder" (an
             image folder `data_dir/{train,test}/<class>/*.jpg`).
@@ -90,6 +93,7 @@ class Config:
     scaling: tuple = (0.5, 1.0)
     shortcut_dropout: float = 0.5
     rematerialize: bool = False
+    scan_units: bool = False
     dataset: str = "cifar10"
     data_dir: str = None
     image_size: int = 32

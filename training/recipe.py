@@ -161,7 +161,7 @@ MERGES = {
 
 
 def network_of(config, input_shape, classes):
-    """The network of `config` (model, unit, shortcut, merge, rematerialization), ending in logits."""
+    """The network of `config` (model, unit, shortcut, merge, rematerialization, loop), ending in logits."""
     options = {} if config.unit is None else dict(unit=config.unit)
     if config.shortcut != "identity":
         options["shortcut"] = config.shortcut
@@ -172,6 +172,7 @@ def network_of(config, input_shape, classes):
         classifier_activation=None,
         weight_decay=config.weight_decay,
         rematerialize=config.rematerialize,
+        scan_units=config.scan_units,
         merge=MERGES[config.merge](config),
         **options,
     )

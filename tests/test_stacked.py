@@ -1,0 +1,162 @@
+"""Stages run as loops over stacked weights: the same networks as with one layer per unit."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_preact
+from keras_preact import defaults, merges, stacked, units
+from tests.conftest import gradients, random_images
+from tests.test_models import PARAMETER_COUNTS
+
+NETWORKS = {
+    "pre-activation ResNet-20": lambda **options: keras_preact.ResNet20(classes=10, **options),
+    "original ResNet-20, projections": lambda **options: keras_preact.get_model(
+        "resnet20_original", classes=10, shortcut="projection", **options),
+    "BN after addition, bottleneck ResNet-29": lambda **options: keras_preact.CifarResNet(
+        29, "bottleneck", unit="bn_after_addition", classes=10, **options),
+    "exclusive gating, b_g = -2": lambda **options: keras_preact.ResNet20(
+        classes=10, merge=merges.ExclusiveGating(gate_bias=-2), **options),
+    "ReLU-only pre-activation, single-layer units": lambda **options: keras_preact.CifarResNet(
+        11, "single", unit="relu_only_preactivation", classes=10, **options),
+}
+
+
+def twins(build, **options):
+    """A network with separate units and the same network with stacked units, equal weights."""
+    separate, looped = build(), build(scan_units=True, **options)
+    keras_preact.copy_weights(separate, looped)
+    return separate, looped
+
+
+def weighted_sum(outputs):
+    return keras.ops.sum(outputs * np.arange(1, 11, dtype="float32"))
+
+
+def as_separate_units(build, looped, trainable_values):
+    """`trainable_values` of the looped network, in the order of the separate network's variables."""
+    carrier, separate = build(scan_units=True), build()
+    for variable, value in zip(carrier.trainable_variables, trainable_values, strict=True):
+        variable.assign(value)
+    keras_preact.copy_weights(carrier, separate)
+    return [np.array(variable) for variable in separate.trainable_variables]
+
+
+def assert_close(received, expected):
+    """Equal but for float rounding: the loop's kernels may be fused differently."""
+    scale = max(np.abs(value).max() for value in expected)
+    for got, want in zip(received, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+
+
+def assert_gradients_close(received, expected):
+    """TensorFlow runs the same kernels in the loop: equal to float rounding. JAX's XLA
+    fuses the loop's body differently, and a difference of 1e-7 in a unit's output can
+    move a ReLU input across zero where BatchNorm centres it: there, each gradient is
+    held to 5 % of its own norm, or to rounding where it is about zero (a unit run in the
+    wrong mode is off by its whole size)."""
+    if keras.backend.backend() == "tensorflow":
+        return assert_close(received, expected)
+    scale = max(np.abs(value).max() for value in expected)
+    for got, want in zip(received, expected, strict=True):
+        assert np.linalg.norm(got - want) <= 0.05 * np.linalg.norm(want) + 1e-5 * scale * np.sqrt(want.size)
+
+
+@pytest.mark.parametrize("name", NETWORKS)
+def test_the_loop_computes_the_network_of_separate_units(name):
+    separate, looped = twins(NETWORKS[name])
+    assert looped.count_params() == separate.count_params()
+    assert any(isinstance(layer, stacked.StackedUnits) for layer in looped.layers)
+    images = random_images((4, 32, 32, 3))
+    for training in (False, True):
+        np.testing.assert_allclose(np.array(looped(images, training=training)),
+                                   np.array(separate(images, training=training)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rematerialize", [False, True], ids=["kept", "rematerialized"])
+@pytest.mark.parametrize("name", NETWORKS)
+def test_gradients_and_moving_statistics_equal_separate_units(name, rematerialize):
+    build = NETWORKS[name]
+    separate, looped = twins(build, rematerialize=rematerialize)
+    images = random_images((8, 32, 32, 3), seed=1)
+    expected = gradients(separate, images, weighted_sum)
+    received = gradients(looped, images, weighted_sum)
+    assert all(gradient is not None for gradient in received)
+    assert_gradients_close(as_separate_units(build, looped, received), expected)
+    # A training call updates each unit's moving averages once, as separate units do.
+    separate(images, training=True)
+    looped(images, training=True)
+    back = build()
+    keras_preact.copy_weights(looped, back)
+    moving = [np.array(variable) for variable in separate.non_trainable_variables]
+    assert_close([np.array(variable) for variable in back.non_trainable_variables], moving)
+    assert not np.allclose(moving[0], 0.0)
+
+
+def test_stacked_weights_are_initialised_unit_by_unit():
+    model = keras_preact.ResNet110(scan_units=True, merge=merges.ExclusiveGating(gate_bias=-6))
+    stack = model.get_layer("stage1_units2to18")
+    assert stack.count == 17 and stack.unit.name == "stage1_unit2"
+    kernels = np.array(stack.get_weights()[[w.name for w in stack.weights].index("conv2_kernel")])
+    assert kernels.shape == (17, 3, 3, 16, 16)
+    # He fan-out initialisation of each unit: std sqrt(2 / (3 * 3 * 16)), all units different.
+    np.testing.assert_allclose(kernels.std(axis=(1, 2, 3, 4)).mean(), np.sqrt(2 / 144), rtol=0.03)
+    assert len({kernel.tobytes() for kernel in kernels}) == 17
+    weights = {variable.name: np.array(variable) for variable in stack.weights}
+    np.testing.assert_array_equal(weights["merge_bias"], np.full((17, 16), -6.0, "float32"))
+    np.testing.assert_array_equal(weights["bn1_moving_variance"], np.ones((17, 16), "float32"))
+
+
+def test_weight_decay_is_the_separate_units_decay():
+    separate, looped = twins(NETWORKS["exclusive gating, b_g = -2"])
+    assert len(looped.losses) < len(separate.losses)
+    np.testing.assert_allclose(float(sum(looped.losses)), float(sum(separate.losses)), rtol=1e-5)
+    assert defaults.WEIGHT_DECAY > 0
+
+
+def test_resnet1001_holds_three_loops_and_its_parameter_count():
+    model = keras_preact.ResNet1001(scan_units=True)
+    loops = [layer for layer in model.layers if isinstance(layer, stacked.StackedUnits)]
+    assert [loop.name for loop in loops] == ["stage1_units2to111", "stage2_units2to111", "stage3_units2to111"]
+    total, trainable = PARAMETER_COUNTS["resnet1001"]
+    assert model.count_params() == total
+    assert sum(int(np.prod(variable.shape)) for variable in model.trainable_variables) == trainable
+    assert len(model.weights) == 100  # against 5,005 with one layer per unit
+
+
+def test_keras_save_and_load_keep_the_loop(tmp_path):
+    _, looped = twins(NETWORKS["original ResNet-20, projections"], rematerialize=True)
+    path = str(tmp_path / "looped.keras")
+    looped.save(path)
+    loaded = keras.saving.load_model(path)
+    stack = loaded.get_layer("stage2_units2to3")
+    assert isinstance(stack, stacked.StackedUnits) and stack.rematerialize and stack.count == 2
+    images = random_images((2, 32, 32, 3), seed=3)
+    np.testing.assert_array_equal(np.array(loaded(images)), np.array(looped(images)))
+
+
+def test_copy_weights_round_trips_and_refuses_another_network():
+    separate, looped = twins(NETWORKS["pre-activation ResNet-20"])
+    back = keras_preact.ResNet20(classes=10)
+    keras_preact.copy_weights(looped, back)
+    for want, got in zip(separate.get_weights(), back.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match=r"resnet20 has no layers \['stage1_unit4', 'stage1_unit5'\]"):
+        keras_preact.copy_weights(separate, keras_preact.ResNet32(classes=10, scan_units=True))
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: keras_preact.ResNet20(scan_units="yes"), "scan_units must be True or False. Received: scan_units='yes'"),
+    (lambda: stacked.StackedUnits(units.PreActivationUnit(16, strides=2, shortcut="projection"), 3),
+     "unit must keep its input's shape"),
+    (lambda: stacked.StackedUnits(units.PreActivationUnit(16), 0), "count must be a positive integer. Received: count=0"),
+    (lambda: stacked.StackedUnits("stage1_unit2", 3), "unit must be an unbuilt residual unit"),
+    (lambda: stacked.StackedUnits(units.PreActivationUnit(16, form="bottleneck", shortcut="projection"), 3)(
+        keras.Input((8, 8, 16))),
+     r"maps \(None, 8, 8, 16\) to \(None, 8, 8, 64\)"),
+    (lambda: keras_preact.ResNet20(scan_units=True, merge=merges.ShortcutDropout()),
+     "random state such as ShortcutDropout's cannot be stacked"),
+], ids=["not a bool", "strided unit", "no units", "not a unit", "changes width", "shortcut dropout"])
+def test_bad_arguments_raise_clear_errors(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()

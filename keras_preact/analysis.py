@@ -22,6 +22,7 @@ import math
 import keras
 import numpy as np
 
+from keras_preact import stacked
 from keras_preact import units as unit_layers
 
 
@@ -58,7 +59,19 @@ class IdentityCheck:
 
 
 def residual_units(model):
-    """The residual units of `model`, in order."""
+    """The residual units of `model`, in order.
+
+    Raises:
+        ValueError: if `model` runs units in loops (`scan_units=True`): their layers
+            exist once per loop, not once per unit.
+    """
+    loops = [layer.name for layer in model.layers if isinstance(layer, stacked.StackedUnits)]
+    if loops:
+        raise ValueError(
+            "The analysis measures each unit as a layer of its own; this model runs units in loops "
+            f"({', '.join(loops)}). Copy its weights into the same network built with scan_units=False "
+            f"(keras_preact.copy_weights) and analyse that. Received: model={model.name}"
+        )
     return [layer for layer in model.layers if isinstance(layer, unit_layers.ResidualUnit)]
 
 
@@ -205,7 +218,7 @@ def set_batch_norm_statistics(model, images):
     statistics of a batch, the inference-mode output on that batch equals the
     training-mode one: what export and serving tests of untrained networks need.
     """
-    layers = [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
+    layers = [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
     momenta = [layer.momentum for layer in layers]
     for layer in layers:
         layer.momentum = 0.0

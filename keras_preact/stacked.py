@@ -188,3 +188,14 @@ class StackedUnits(keras.layers.Layer):
         config = dict(config)
         config["unit"] = keras.saving.deserialize_keras_object(config["unit"])
         return cls(**config)
+
+
+def all_layers(model):
+    """Every layer inside `model`, with the layers of each `StackedUnits`' unit, which
+    Keras' own layer walk does not reach (they hold no weights of the model)."""
+    layers = []
+    for layer in model._flatten_layers(include_self=False):
+        layers.append(layer)
+        if isinstance(layer, StackedUnits):
+            layers.extend(layer.unit._flatten_layers())
+    return layers

@@ -113,6 +113,8 @@ def test_versioned_layout_and_metadata(resnet20_export):
          CIFAR, CIFAR_CLASSES),
         ("original ResNet-20, logits", lambda: keras_preact.get_model(
             "resnet20_original", input_shape=CIFAR.shape, classes=10, classifier_activation=None), CIFAR, CIFAR_CLASSES),
+        ("bottleneck ResNet-29, units in loops", lambda: keras_preact.CifarResNet(
+            29, "bottleneck", input_shape=CIFAR.shape, classes=10, scan_units=True), CIFAR, CIFAR_CLASSES),
         ("grey 8x8 digits, 3 of 12 classes", lambda: keras_preact.ResNet20(input_shape=DIGITS.shape, classes=12),
          DIGITS, [f"digit {index}" for index in range(12)]),
     ],
@@ -131,6 +133,14 @@ def test_resnet1001_with_set_statistics_exports_exactly(tmp_path):
     """ResNet-1001 in inference mode: finite, and every signature equal to Keras (about 2.5 min)."""
     pixels = random_pixels(8, CIFAR, seed=2)
     network = calibrated(keras_preact.ResNet1001(input_shape=CIFAR.shape, classes=10), CIFAR, pixels)
+    path = export.export_saved_model(network, str(tmp_path / "resnet1001"), CIFAR_CLASSES, CIFAR, verbose=False)
+    assert_signatures_match(network, path, CIFAR, CIFAR_CLASSES, pixels)
+
+
+def test_resnet1001_in_loops_exports_exactly(tmp_path):
+    """The same with units in loops: about 20 s where one layer per unit takes minutes."""
+    pixels = random_pixels(8, CIFAR, seed=2)
+    network = calibrated(keras_preact.ResNet1001(input_shape=CIFAR.shape, classes=10, scan_units=True), CIFAR, pixels)
     path = export.export_saved_model(network, str(tmp_path / "resnet1001"), CIFAR_CLASSES, CIFAR, verbose=False)
     assert_signatures_match(network, path, CIFAR, CIFAR_CLASSES, pixels)
 

@@ -160,3 +160,36 @@ def test_copy_weights_round_trips_and_refuses_another_network():
 def test_bad_arguments_raise_clear_errors(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_analysis_refuses_loops_and_reaches_their_batch_norms():
+    model = keras_preact.ResNet20(classes=10, scan_units=True)
+    with pytest.raises(ValueError, match="this model runs units in loops .stage1_units2to3, stage2_units2to3, "
+                                         "stage3_units2to3.. Copy its weights"):
+        keras_preact.analysis.residual_units(model)
+    norms = [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
+    assert len(norms) == len([layer for layer in stacked.all_layers(keras_preact.ResNet20(classes=10))
+                              if isinstance(layer, keras.layers.BatchNormalization)]) - 3 * 2  # a unit less per stage
+    # Statistics set from a batch: inference then equals training mode, loops included.
+    images = random_images((16, 32, 32, 3), seed=4)
+    keras_preact.analysis.set_batch_norm_statistics(model, images)
+    np.testing.assert_allclose(np.array(model(images, training=False)), np.array(model(images, training=True)),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.tensorflow
+def test_training_checkpoints_restore_the_stacked_weights(tmp_path):
+    """The training loop's checkpoint holds the loops' variables: a resumed run gets them back."""
+    from training import loop
+
+    trained = keras_preact.ResNet20(classes=10, scan_units=True)
+    trained(random_images((4, 32, 32, 3)), training=True)  # moving statistics away from 0 and 1
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    optimizer.build(trained.trainable_variables)
+    path = loop.training_state(trained, optimizer).write(str(tmp_path / "checkpoint"))
+    fresh = keras_preact.ResNet20(classes=10, scan_units=True)
+    fresh_optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    fresh_optimizer.build(fresh.trainable_variables)
+    loop.training_state(fresh, fresh_optimizer).read(path).assert_consumed()
+    for want, got in zip(trained.variables, fresh.variables, strict=True):
+        np.testing.assert_array_equal(np.array(got), np.array(want), err_msg=want.path)

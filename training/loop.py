@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_preact import stacked
 from training import configs, data, plots, recipe
 
 CSV_FIELDS = ["step", "epoch", "loss", "accuracy", "learning_rate", "test_loss", "test_error", "images_per_second"]
@@ -72,9 +73,8 @@ def is_chief(strategy):
 
 
 def batch_norm_layers(model):
-    """Every BatchNormalization layer of `model`, the units' included (Keras' layer walk)."""
-    return [layer for layer in model._flatten_layers(include_self=False)
-            if isinstance(layer, keras.layers.BatchNormalization)]
+    """Every BatchNormalization layer of `model`, the units' included, stacked ones too."""
+    return [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
 
 
 def synchronize_batch_norm(model):

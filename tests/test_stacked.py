@@ -184,11 +184,11 @@ def test_training_checkpoints_restore_the_stacked_weights(tmp_path):
 
     trained = keras_preact.ResNet20(classes=10, scan_units=True)
     trained(random_images((4, 32, 32, 3)), training=True)  # moving statistics away from 0 and 1
-    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9, name="sgd")
     optimizer.build(trained.trainable_variables)
     path = loop.training_state(trained, optimizer).write(str(tmp_path / "checkpoint"))
     fresh = keras_preact.ResNet20(classes=10, scan_units=True)
-    fresh_optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    fresh_optimizer = keras.optimizers.SGD(0.1, momentum=0.9, name="sgd")  # variables named as in a new process
     fresh_optimizer.build(fresh.trainable_variables)
     loop.training_state(fresh, fresh_optimizer).read(path).assert_consumed()
     for want, got in zip(trained.variables, fresh.variables, strict=True):

@@ -2,12 +2,14 @@
 
     python bench/harness.py                                   # ResNet-164, ResNet-50 vs ResNet50V2
     python bench/harness.py --models resnet1001 resnet152 --peers ResNet152V2
+    python bench/harness.py --models resnet1001 --scan-units --rematerialize --peers
 
 For each network, in a fresh process (so that peak memory is its own): seconds to build
 it; seconds to the end of the first training step (SGD with momentum, the loss and
 weight decay, in a `tf.function`: tracing included); training images/s (median of
 `--steps` later steps); inference images/s; SavedModel export (`model.export`) and reload
-seconds; the peak resident memory of the process. Batch 128 at 32x32 for CIFAR networks,
+seconds; the peak resident memory of the process up to the end of training (build and
+training steps, before inference and export). Batch 128 at 32x32 for CIFAR networks,
 batch 32 at 224x224 for ImageNet networks. FLOPs per image are counted from the traced
 forward graph (TensorFlow's profiler: convolutions and matrix products), and each training
 rate is set against the CPU's measured float32 matmul rate (training ~ 3 x forward FLOPs).
@@ -35,7 +37,8 @@ CIFAR_BATCH, IMAGENET_BATCH = 128, 32
 TRAINING_FLOPS_PER_FORWARD = 3
 
 
-def build(name, precision="float32"):
+def build(name, precision="float32", **options):
+    """A peer, or our network `name` with `keras_preact.ResNet` `options` (scan_units, ...)."""
     import keras
 
     import keras_preact
@@ -43,15 +46,29 @@ def build(name, precision="float32"):
     keras.config.set_dtype_policy(precision)
     if name in PEERS:
         return getattr(keras.applications, name)(weights=None, classifier_activation=None)
-    return keras_preact.get_model(name, classifier_activation=None)
+    return keras_preact.get_model(name, classifier_activation=None, **options)
 
 
 def forward_flops(model):
-    """FLOPs of one image's forward pass, from the traced graph."""
+    """FLOPs of one image's forward pass, from the traced graph.
+
+    The profiler does not enter a loop's body, so the units of each `StackedUnits`
+    layer are counted apart: one unit's graph, times the number of units.
+    """
+    import keras_preact
+
+    flops = _graph_flops(lambda images: model(images, training=False), model.input_shape[1:])
+    for layer in model.layers:
+        if isinstance(layer, keras_preact.StackedUnits):
+            flops += layer.count * _graph_flops(lambda inputs: layer.unit(inputs, training=False), layer.input.shape[1:])
+    return flops
+
+
+def _graph_flops(function, shape):
+    """The float operations (convolutions and matrix products) of `function` on one example of `shape`."""
     import tensorflow as tf
 
-    function = tf.function(lambda images: model(images, training=False))
-    graph = function.get_concrete_function(tf.TensorSpec((1, *model.input_shape[1:]), tf.float32)).graph
+    graph = tf.function(function).get_concrete_function(tf.TensorSpec((1, *shape), tf.float32)).graph
     options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
     options["output"] = "none"
     return tf.compat.v1.profiler.profile(graph, options=options).total_float_ops
@@ -62,16 +79,16 @@ def peak_resident_gibibytes():
         return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 2**20
 
 
-def measure(name, steps, precision="float32", xla=False):
+def measure(name, steps, precision="float32", xla=False, batch=None, **options):
     import keras
     import numpy as np
     import tensorflow as tf
 
     started = time.perf_counter()
-    model = build(name, precision)
+    model = build(name, precision, **options)
     build_seconds = time.perf_counter() - started
     shape = model.input_shape[1:]
-    batch = CIFAR_BATCH if shape[0] == 32 else IMAGENET_BATCH
+    batch = batch or (CIFAR_BATCH if shape[0] == 32 else IMAGENET_BATCH)
     classes = model.output_shape[-1]
     images = tf.constant(np.random.default_rng(0).normal(size=(batch, *shape)).astype("float32"))
     labels = tf.constant(np.arange(batch) % classes)
@@ -96,6 +113,7 @@ def measure(name, steps, precision="float32", xla=False):
         started = time.perf_counter()
         train_step().numpy()
         step_seconds.append(time.perf_counter() - started)
+    training_peak = peak_resident_gibibytes()  # the process's high-water mark, build and training steps
     predict(images).numpy()
     inference_seconds = []
     for _ in range(steps):
@@ -109,11 +127,13 @@ def measure(name, steps, precision="float32", xla=False):
         started = time.perf_counter()
         tf.saved_model.load(os.path.join(directory, "1"))
         reload_seconds = time.perf_counter() - started
-    return dict(name=name + (f" {precision}" if precision != "float32" else "") + (" XLA" if xla else ""), batch=batch, image_size=shape[0], build_s=build_seconds, first_step_s=first_step,
+    label = name + "".join(f" {option}" for option, value in options.items() if value)
+    label += (f" {precision}" if precision != "float32" else "") + (" XLA" if xla else "")
+    return dict(name=label, batch=batch, image_size=shape[0], build_s=build_seconds, first_step_s=first_step,
                 train_images_per_s=batch / statistics.median(step_seconds),
                 inference_images_per_s=batch / statistics.median(inference_seconds),
                 export_s=export_seconds, reload_s=reload_seconds, forward_flops=forward_flops(model),
-                peak_gib=peak_resident_gibibytes())
+                peak_gib=training_peak)
 
 
 def matmul_flops_per_second(size=4096, repeats=10):
@@ -134,6 +154,7 @@ def _timed(function):
 
 
 def run_one(name, steps, options=()):
+    """Measures one network in a fresh process; `options` are this script's flags."""
     if name.startswith("torch_"):
         command = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peers.py"), "--model",
                    name[len("torch_"):]]
@@ -155,12 +176,18 @@ def main():
     parser.add_argument("--steps", type=int, default=3, help="timed training steps after the first")
     parser.add_argument("--variants", action="store_true",
                         help="also measure --models with mixed_bfloat16, with XLA, and with both")
+    parser.add_argument("--scan-units", action="store_true",
+                        help="build --models with scan_units=True (each stage's units as one loop)")
+    parser.add_argument("--rematerialize", action="store_true", help="build --models with rematerialize=True")
+    parser.add_argument("--batch", type=int, help="the batch size of --models (default 128 for CIFAR nets, 32 else)")
     parser.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--xla", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.one:
-        print(json.dumps(measure(arguments.one, arguments.steps, arguments.precision, arguments.xla)))
+        ours = {} if arguments.one in PEERS else dict(
+            scan_units=arguments.scan_units, rematerialize=arguments.rematerialize, batch=arguments.batch)
+        print(json.dumps(measure(arguments.one, arguments.steps, arguments.precision, arguments.xla, **ours)))
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from training_throughput import machine
@@ -169,11 +196,14 @@ def main():
     print(f"machine: {machine()}; float32 matmul {peak / 1e9:.0f} GFLOP/s; {time.strftime('%Y-%m-%d')}")
     names = list(dict.fromkeys(arguments.models + [name for peer in arguments.peers for name in (PEERS[peer], peer)]
                                + [name for model in arguments.torch for name in (model, f"torch_{model}")]))
-    results = {name: run_one(name, arguments.steps) for name in names}
+    ours = [flag for flag, value in (("--scan-units", arguments.scan_units),
+                                      ("--rematerialize", arguments.rematerialize)) if value]
+    ours += ["--batch", str(arguments.batch)] if arguments.batch else []
+    results = {name: run_one(name, arguments.steps, ours) for name in names}
     if arguments.variants:
         for name in arguments.models:
             for options in (["--precision", "mixed_bfloat16"], ["--xla"], ["--precision", "mixed_bfloat16", "--xla"]):
-                row = run_one(name, arguments.steps, options)
+                row = run_one(name, arguments.steps, ours + options)
                 results[row["name"]] = row
     for name in names:  # the same network in PyTorch does the same work
         if name.startswith("torch_"):
@@ -181,11 +211,11 @@ def main():
     print("| network | batch x size | build s | first step s | train img/s | infer img/s | export s | "
           "reload s | peak GiB | GFLOPs/img | of matmul peak |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, row in results.items():
+    for row in results.values():
         fraction = row["train_images_per_s"] * TRAINING_FLOPS_PER_FORWARD * row["forward_flops"] / peak
         optional = [f"{row[field]:.1f}" if field in row else "-" for field in ("export_s", "reload_s")]
         optional.append(f"{row['peak_gib']:.2f}" if "peak_gib" in row else "-")
-        print(f"| {name} | {row['batch']} x {row['image_size']} | {row['build_s']:.1f} | {row['first_step_s']:.1f} | "
+        print(f"| {row['name']} | {row['batch']} x {row['image_size']} | {row['build_s']:.1f} | {row['first_step_s']:.1f} | "
               f"{row['train_images_per_s']:.1f} | {row['inference_images_per_s']:.1f} | {' | '.join(optional)} | "
               f"{row['forward_flops'] / 1e9:.2f} | {fraction:.0%} |")
     for peer in arguments.peers:

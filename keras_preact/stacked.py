@@ -116,7 +116,8 @@ class StackedUnits(keras.layers.Layer):
         )
 
     def call(self, inputs, training=None):
-        template_variables = self.unit.trainable_variables + self.unit.non_trainable_variables
+        # A frozen stack runs its units in inference mode, as a frozen BatchNorm does.
+        training = bool(training) and self.trainable
 
         def unit(x, *values):
             """One unit on its own slice of the weights: (output, its new state).
@@ -125,30 +126,27 @@ class StackedUnits(keras.layers.Layer):
             layers see `training` also when `keras.remat` runs this again in the
             backward pass, outside the network's call.
             """
-            with keras.StatelessScope(state_mapping=list(zip(template_variables, values))) as scope:
+            with keras.StatelessScope(state_mapping=list(zip(self._unit_variables(), values))) as scope:
                 outputs = self.unit(x, training=training)
             return outputs, [scope.get_current_value(variable) for variable in self.unit.non_trainable_variables]
 
         if self.rematerialize and training:
             unit = keras.remat(unit)
-        stacked_state = [variable.value for variable in self.stacked_non_trainable]
 
         def step(carry, slices):
             x, state = carry
             index, trainable = slices
-            current = [ops.take(stacked, index, axis=0) for stacked in state]
-            x, updated = unit(x, *trainable, *current)
+            x, updated = unit(x, *trainable, *[ops.take(stacked, index, axis=0) for stacked in state])
             if training:
                 # Only while training does a unit change its state (BatchNorm's moving
-                # averages); the loop carries the new values out to be assigned once.
-                state = [
-                    ops.stop_gradient(ops.slice_update(stacked, [index] + [0] * len(new.shape), ops.expand_dims(new, 0)))
-                    for stacked, new in zip(state, updated)
-                ]
+                # averages); the loop carries the new values out, to be assigned once.
+                state = [ops.stop_gradient(ops.slice_update(stacked, [index] + [0] * len(new.shape), new[None]))
+                         for stacked, new in zip(state, updated)]
             return (x, state), None
 
-        indices = ops.arange(self.count, dtype="int32")
-        (outputs, state), _ = ops.scan(step, (inputs, stacked_state), (indices, [variable.value for variable in self.stacked_trainable]))
+        state = [variable.value for variable in self.stacked_non_trainable]
+        slices = (ops.arange(self.count, dtype="int32"), [variable.value for variable in self.stacked_trainable])
+        (outputs, state), _ = ops.scan(step, (inputs, state), slices)
         if training:
             for variable, value in zip(self.stacked_non_trainable, state):
                 variable.assign(value)
@@ -165,12 +163,14 @@ class StackedUnits(keras.layers.Layer):
             value = ops.expand_dims(ops.cast(value, variable.dtype), 0)
             variable.assign(ops.slice_update(variable.value, start, value))
 
+    def _unit_variables(self):
+        """The unit's own variables, in the order of the stacked ones."""
+        return self.unit.trainable_variables + self.unit.non_trainable_variables
+
     def _unit_order(self):
         """The stacked variables in the order of the unit's own `weights`."""
-        by_path = dict(zip(
-            (variable.path for variable in self.unit.trainable_variables + self.unit.non_trainable_variables),
-            self.stacked_trainable + self.stacked_non_trainable,
-        ))
+        stacked = self.stacked_trainable + self.stacked_non_trainable
+        by_path = {variable.path: twin for variable, twin in zip(self._unit_variables(), stacked, strict=True)}
         return [by_path[variable.path] for variable in self.unit.weights]
 
     def compute_output_shape(self, input_shape):

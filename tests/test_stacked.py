@@ -93,6 +93,17 @@ def test_gradients_and_moving_statistics_equal_separate_units(name, rematerializ
     assert not np.allclose(moving[0], 0.0)
 
 
+def test_a_frozen_loop_runs_its_units_in_inference_mode():
+    model = keras_preact.ResNet20(classes=10, scan_units=True)
+    stack = model.get_layer("stage2_units2to3")
+    stack.trainable = False
+    before = [np.array(variable) for variable in stack.weights]
+    images = random_images((4, 16, 16, 32), seed=5)
+    np.testing.assert_array_equal(np.array(stack(images, training=True)), np.array(stack(images, training=False)))
+    for want, variable in zip(before, stack.weights, strict=True):
+        np.testing.assert_array_equal(np.array(variable), want)
+
+
 def test_stacked_weights_are_initialised_unit_by_unit():
     model = keras_preact.ResNet110(scan_units=True, merge=merges.ExclusiveGating(gate_bias=-6))
     stack = model.get_layer("stage1_units2to18")

@@ -80,8 +80,6 @@ def peak_resident_gibibytes():
 
 
 def measure(name, steps, precision="float32", xla=False, batch=None, **options):
-    import keras
-    import numpy as np
     import tensorflow as tf
 
     started = time.perf_counter()
@@ -89,20 +87,7 @@ def measure(name, steps, precision="float32", xla=False, batch=None, **options):
     build_seconds = time.perf_counter() - started
     shape = model.input_shape[1:]
     batch = batch or (CIFAR_BATCH if shape[0] == 32 else IMAGENET_BATCH)
-    classes = model.output_shape[-1]
-    images = tf.constant(np.random.default_rng(0).normal(size=(batch, *shape)).astype("float32"))
-    labels = tf.constant(np.arange(batch) % classes)
-    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function(jit_compile=xla)
-    def train_step():
-        with tf.GradientTape() as tape:
-            value = loss(labels, tf.cast(model(images, training=True), tf.float32))
-            if model.losses:
-                value += tf.add_n(model.losses)
-        optimizer.apply(tape.gradient(value, model.trainable_variables), model.trainable_variables)
-        return value
+    train_step, images = random_batch_training(model, batch, xla)
 
     predict = tf.function(lambda batch_images: model(batch_images, training=False), jit_compile=xla)
     started = time.perf_counter()
@@ -134,6 +119,30 @@ def measure(name, steps, precision="float32", xla=False, batch=None, **options):
                 inference_images_per_s=batch / statistics.median(inference_seconds),
                 export_s=export_seconds, reload_s=reload_seconds, forward_flops=forward_flops(model),
                 peak_gib=training_peak)
+
+
+def random_batch_training(model, batch, xla=False):
+    """(train_step, images): SGD with momentum on one batch of random images, the loss
+    and weight decay included, as a `tf.function` (what every benchmark here times)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    images = tf.constant(np.random.default_rng(0).normal(size=(batch, *model.input_shape[1:])).astype("float32"))
+    labels = tf.constant(np.arange(batch) % model.output_shape[-1])
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function(jit_compile=xla)
+    def train_step():
+        with tf.GradientTape() as tape:
+            value = loss(labels, tf.cast(model(images, training=True), tf.float32))
+            if model.losses:
+                value += tf.add_n(model.losses)
+        optimizer.apply(tape.gradient(value, model.trainable_variables), model.trainable_variables)
+        return value
+
+    return train_step, images
 
 
 def matmul_flops_per_second(size=4096, repeats=10):

@@ -14,10 +14,11 @@ import collections
 import glob
 import json
 import os
-import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from harness import random_batch_training  # noqa: E402  (bench/, the script's folder)
 
 # Kinds of TensorFlow ops, by the op type names that the profiler reports.
 KINDS = {
@@ -54,26 +55,13 @@ def kind_of(op_type):
 
 
 def profile(model_name, batch, steps, options):
-    import keras
-    import numpy as np
     import tensorflow as tf
     from tensorflow.python.profiler.internal import _pywrap_profiler_plugin
 
     import keras_preact
 
     model = keras_preact.get_model(model_name, classifier_activation=None, **options)
-    shape = model.input_shape[1:]
-    images = tf.constant(np.random.default_rng(0).normal(size=(batch, *shape)).astype("float32"))
-    labels = tf.constant(np.arange(batch) % model.output_shape[-1])
-    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def train_step():
-        with tf.GradientTape() as tape:
-            value = loss(labels, model(images, training=True)) + tf.add_n(model.losses)
-        optimizer.apply(tape.gradient(value, model.trainable_variables), model.trainable_variables)
-        return value
+    train_step, _ = random_batch_training(model, batch)
 
     for _ in range(2):
         train_step().numpy()
@@ -109,7 +97,6 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--scan-units", action="store_true", help="build the network with scan_units=True")
     arguments = parser.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from training_throughput import machine
 
     times = profile(arguments.model, arguments.batch, arguments.steps, dict(scan_units=arguments.scan_units))

@@ -17,30 +17,16 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from harness import peak_resident_gibibytes  # noqa: E402  (bench/, the script's folder)
+from harness import peak_resident_gibibytes, random_batch_training  # noqa: E402  (bench/, the script's folder)
 
 
 def measure(model_name, batch_size, rematerialize, steps):
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
     import keras_preact
 
     started = time.perf_counter()
     model = keras_preact.get_model(model_name, classes=10, classifier_activation=None, rematerialize=rematerialize)
     build_seconds = time.perf_counter() - started
-    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    images = tf.constant(np.random.default_rng(0).normal(size=(batch_size, *model.input_shape[1:])).astype("float32"))
-    labels = tf.constant(np.arange(batch_size) % 10)
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            value = loss(labels, model(images, training=True)) + tf.add_n(model.losses)
-        optimizer.apply(tape.gradient(value, model.trainable_variables), model.trainable_variables)
-        return value
+    step, _ = random_batch_training(model, batch_size)
 
     started = time.perf_counter()
     step().numpy()

@@ -5,7 +5,7 @@ Reference:
     https://arxiv.org/abs/1603.05027
 """
 
-from keras_preact import analysis, architectures, defaults, merges, shortcuts, units
+from keras_preact import analysis, architectures, defaults, merges, shortcuts, stacked, units
 from keras_preact.architectures import ARCHITECTURES, Architecture
 from keras_preact.merges import (
     Addition,

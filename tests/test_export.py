@@ -138,7 +138,7 @@ def test_resnet1001_with_set_statistics_exports_exactly(tmp_path):
 
 
 def test_resnet1001_in_loops_exports_exactly(tmp_path):
-    """The same with units in loops: about 20 s where one layer per unit takes minutes."""
+    """The same with units in loops: about 30 s where one layer per unit takes minutes."""
     pixels = random_pixels(8, CIFAR, seed=2)
     network = calibrated(keras_preact.ResNet1001(input_shape=CIFAR.shape, classes=10, scan_units=True), CIFAR, pixels)
     path = export.export_saved_model(network, str(tmp_path / "resnet1001"), CIFAR_CLASSES, CIFAR, verbose=False)

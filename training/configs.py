@@ -226,8 +226,9 @@ CONFIGS = {
     # Units 2-111 of each stage run as one loop: the same network, built in about a
     # second and at its first step in seconds instead of minutes (README, Benchmarks).
     "cifar10_resnet1001_torch": Config(
-        model="resnet1001", scan_units=True, batch_size=64, reference_batch_size=64, nesterov=True, schedule_unit="epochs",
-        duration=200, decay_boundaries=(81, 122), warmup=0, evaluate_every=7812, checkpoint_every=781,
+        model="resnet1001", scan_units=True, batch_size=64, reference_batch_size=64, nesterov=True,
+        schedule_unit="epochs", duration=200, decay_boundaries=(81, 122), warmup=0, evaluate_every=7812,
+        checkpoint_every=781,
     ),
     # ImageNet (paper, Section 5, and [1]): lr 0.1, /10 at epochs 30 and 60, batch 256,
     # 90 epochs as fb.resnet.torch; scale augmentation, 224x224 crops, flips.

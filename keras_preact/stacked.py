@@ -163,6 +163,11 @@ class StackedUnits(keras.layers.Layer):
             value = ops.expand_dims(ops.cast(value, variable.dtype), 0)
             variable.assign(ops.slice_update(variable.value, start, value))
 
+    def stacked(self, variable):
+        """The stacked variable that holds `variable` of the unit, for every unit."""
+        stacked = self.stacked_trainable + self.stacked_non_trainable
+        return next(twin for own, twin in zip(self._unit_variables(), stacked, strict=True) if own is variable)
+
     def _unit_variables(self):
         """The unit's own variables, in the order of the stacked ones."""
         return self.unit.trainable_variables + self.unit.non_trainable_variables
@@ -199,3 +204,17 @@ def all_layers(model):
         if isinstance(layer, StackedUnits):
             layers.extend(layer.unit._flatten_layers())
     return layers
+
+
+def moving_statistics(model):
+    """The moving means and variances of every BatchNorm of `model`: for a BatchNorm in a
+    `StackedUnits` layer, the stacked variables that hold them for all its units."""
+    statistics = []
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            statistics += [layer.moving_mean, layer.moving_variance]
+        elif isinstance(layer, StackedUnits):
+            for norm in layer.unit._flatten_layers():
+                if isinstance(norm, keras.layers.BatchNormalization):
+                    statistics += [layer.stacked(norm.moving_mean), layer.stacked(norm.moving_variance)]
+    return statistics

@@ -205,3 +205,14 @@ def test_training_checkpoints_restore_the_stacked_weights(tmp_path):
     loop.training_state(fresh, fresh_optimizer).read(path).assert_consumed()
     for want, got in zip(trained.variables, fresh.variables, strict=True):
         np.testing.assert_array_equal(np.array(got), np.array(want), err_msg=want.path)
+
+
+@pytest.mark.parametrize("scan_units", [False, True], ids=["separate", "loops"])
+def test_moving_statistics_are_every_batch_norm_statistic_of_the_model(scan_units):
+    """What the training loop averages over replicas: in loops, the stacked variables."""
+    model = keras_preact.ResNet20(classes=10, scan_units=scan_units)
+    found = stacked.moving_statistics(model)
+    expected = [variable for variable in model.non_trainable_variables if variable.name.startswith("moving_")
+                or "_moving_" in variable.name]
+    assert len(found) == len(expected) == (38 if not scan_units else 26)
+    assert {id(variable) for variable in found} == {id(variable) for variable in expected}

@@ -247,8 +247,10 @@ def test_nan_loss_stops_cleanly(tmp_path):
         (["--config", "cifar11"], "Unknown config. Choose one of"),
         (["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "batch_size=63"],
          "batch_size must be divisible by the number of replicas (2). Received: batch_size=63"),
+        (["--set", "scan_units=true", "--set", "synchronized_batch_norm=true"],
+         "scan_units and synchronized_batch_norm cannot be combined"),
     ],
-    ids=["missing-data-dir", "unknown-model", "unknown-config", "indivisible-batch"],
+    ids=["missing-data-dir", "unknown-model", "unknown-config", "indivisible-batch", "loops-synchronized"],
 )
 def test_bad_input_exits_with_a_clear_message(tmp_path, arguments, message):
     result = run_training("--run-dir", str(tmp_path / "run"), *arguments)
@@ -298,8 +300,9 @@ def test_multi_worker_equals_mirrored_on_two_devices(tmp_path):
 @pytest.mark.parametrize(
     "options",
     [["--set", "precision=mixed_bfloat16"], ["--set", "precision=mixed_float16"], ["--set", "xla=true"],
-     ["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "synchronized_batch_norm=true"]],
-    ids=["mixed_bfloat16", "mixed_float16", "xla", "synchronized_batch_norm"],
+     ["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "synchronized_batch_norm=true"],
+     ["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "scan_units=true", "--set", "rematerialize=true"]],
+    ids=["mixed_bfloat16", "mixed_float16", "xla", "synchronized_batch_norm", "mirrored_loops_rematerialized"],
 )
 def test_training_options(tmp_path, options):
     result = run_training("--run-dir", str(tmp_path / "run"), *SHORT, "--set", "duration=1", *options)

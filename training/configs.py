@@ -47,7 +47,8 @@ class Config:
             keeping their activations (less memory, same results; see `keras_preact.ResNet`).
         scan_units: run units 2 to the last of each stage as one loop over stacked
             weights (`keras_preact.stacked.StackedUnits`): the same network, built,
-            compiled and exported in seconds at any depth.
+            compiled and exported in seconds at any depth. Not with
+            `synchronized_batch_norm`.
         dataset: "digits" (embedded, offline), "cifar10", "cifar100" (tensorflow-datasets),
             "imagenet2012" (tensorflow-datasets, manual download) or "folder" (an
             image folder `data_dir/{train,test}/<class>/*.jpg`).
@@ -152,6 +153,12 @@ class Config:
             raise ValueError(
                 "xla and synchronized_batch_norm cannot be combined: XLA cannot compile BatchNorm's "
                 "cross-replica reduction. Received: xla=True, synchronized_batch_norm=True"
+            )
+        if self.scan_units and self.synchronized_batch_norm:
+            raise ValueError(
+                "scan_units and synchronized_batch_norm cannot be combined: tf.distribute cannot reduce "
+                "BatchNorm's statistics across replicas inside a loop. Received: scan_units=True, "
+                "synchronized_batch_norm=True"
             )
         if self.duration <= 0:
             raise ValueError(f"duration must be positive. Received: duration={self.duration!r}")

@@ -141,8 +141,7 @@ def train(config, run_dir, verbose=True):
         loss, correct = strategy.run(replica_step, args=next(iterator))
         return strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", correct, axis=None)
 
-    moving_statistics = [variable for layer in batch_norm_layers(model)
-                         for variable in (layer.moving_mean, layer.moving_variance)]
+    moving_statistics = stacked.moving_statistics(model)
 
     @tf.function
     def average_moving_statistics():

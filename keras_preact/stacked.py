@@ -4,8 +4,8 @@ After its first unit, every unit of a stage is the same function of different we
 same width, stride 1, the same shortcut. `StackedUnits` keeps the weights of those
 units stacked along a leading axis and runs them with `keras.ops.scan`, so that a
 network traces, compiles, exports and loads one unit per stage instead of up to 110
-(ResNet-1001). The units compute exactly what the same units as separate layers do;
-`keras_preact.models.copy_weights` moves weights between the two layouts.
+(ResNet-1001). The units compute what the same units as separate layers do (to float
+rounding); `keras_preact.models.copy_weights` moves weights between the two layouts.
 """
 
 import keras
@@ -22,8 +22,9 @@ class StackedUnits(keras.layers.Layer):
     `count`: `conv1_kernel` of shape `(count, 1, 1, 64, 16)`, `bn1_moving_mean` of shape
     `(count, 64)`, ... Each unit's slice is initialised by the unit's own initializer,
     and carries the unit's regularizer (summed over units, as for separate layers). The
-    unit itself serves as the template whose `call()` runs on each slice
-    (`stateless_call`); its own variables are never read, trained or saved.
+    unit itself serves as the template whose `call()` runs on each slice (inside a
+    `keras.StatelessScope` that maps its variables to the slice); its own variables are
+    never read, trained or saved.
 
     While training, the units' BatchNorm statistics are carried out of the loop and
     assigned once after it. With `rematerialize`, the loop keeps only each unit's input
@@ -174,9 +175,7 @@ class StackedUnits(keras.layers.Layer):
 
     def _unit_order(self):
         """The stacked variables in the order of the unit's own `weights`."""
-        stacked = self.stacked_trainable + self.stacked_non_trainable
-        by_path = {variable.path: twin for variable, twin in zip(self._unit_variables(), stacked, strict=True)}
-        return [by_path[variable.path] for variable in self.unit.weights]
+        return [self.stacked(variable) for variable in self.unit.weights]
 
     def compute_output_shape(self, input_shape):
         return input_shape

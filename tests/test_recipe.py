@@ -42,6 +42,31 @@ def test_epoch_schedule_of_the_resnet1001_torch_run():
     assert config.nesterov
 
 
+def test_cosine_schedule_by_hand():
+    """0.01 for the warm-up epoch, then 0.1 (1 + cos(pi t)) / 2, t from 0 at its end to 1 at the last step."""
+    config = configs.CONFIGS["cifar10_cpu"].override("schedule=cosine", "duration=10")
+    schedule = recipe.schedule(config, steps_per_epoch=100)
+    assert config.total_steps(100) == 1000 and config.to_steps(config.warmup, 100) == 100
+    assert learning_rates(schedule, [0, 99, 100, 325, 550, 775, 1000]) == pytest.approx(
+        [0.01, 0.01, 0.1, 0.1 * (1 + np.cos(np.pi / 4)) / 2, 0.05, 0.1 * (1 - np.cos(np.pi / 4)) / 2, 0.0], abs=1e-7
+    )
+    assert recipe.WarmupCosineDecay(**schedule.get_config()).get_config() == schedule.get_config()
+    with pytest.raises(ValueError, match="warmup_steps must be at least 0 and less than total_steps .1000.. "
+                                         "Received: warmup_steps=1000"):
+        recipe.WarmupCosineDecay(0.1, total_steps=1000, warmup_steps=1000)
+
+
+def test_cpu_config_shortens_the_paper_schedule_in_proportion():
+    """30 epochs, /10 at half and three quarters, as the paper's 32k and 48k of 64k."""
+    config = configs.CONFIGS["cifar10_cpu"]
+    schedule = recipe.schedule(config, steps_per_epoch=390)
+    assert config.total_steps(390) == 11700
+    assert learning_rates(schedule, [389, 390, 5849, 5850, 8774, 8775]) == pytest.approx(
+        [0.01, 0.1, 0.1, 0.01, 0.01, 0.001])
+    assert (config.decay_boundaries[0] / config.duration, config.decay_boundaries[1] / config.duration) == (
+        PAPER.decay_boundaries[0] / PAPER.duration, PAPER.decay_boundaries[1] / PAPER.duration)
+
+
 def test_optimizer_is_sgd_with_the_paper_momentum():
     optimizer = recipe.optimizer(PAPER, 390)
     assert isinstance(optimizer, keras.optimizers.SGD)
@@ -107,6 +132,7 @@ def test_model_fit_on_arrays_with_the_recipe():
         (["depth=110"], "Each override must be field=value with a field of"),
         (["learning_rate=fast"], "learning_rate takes a float. Received: learning_rate='fast'"),
         (["precision=float16"], "Received: precision='float16'"),
+        (["schedule=linear"], "schedule must be one of ['step', 'cosine']. Received: schedule='linear'"),
     ],
 )
 def test_bad_overrides(overrides, message):

@@ -1,5 +1,6 @@
 """training/ on TensorFlow: input pipelines, the real entry point, distribution, resume."""
 
+import csv
 import json
 import os
 import re
@@ -308,6 +309,32 @@ def test_training_options(tmp_path, options):
     result = run_training("--run-dir", str(tmp_path / "run"), *SHORT, "--set", "duration=1", *options)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["test_error"] < 0.9
+
+
+def test_validation_split_run_evaluates_on_the_held_out_images(tmp_path):
+    """With validation_examples the run trains on the rest of the training set, logs and reports the
+    error on the held-out images (equal to the saved model's on them) and logs cumulative hours."""
+    run_dir = tmp_path / "validation"
+    result = run_training("--run-dir", str(run_dir), *SHORT, "--set", "validation_examples=300",
+                          "--set", "schedule=cosine")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["evaluated_on"] == "validation" and "test_error" not in summary
+    assert "Final validation error" in result.stdout
+    rows = list(csv.DictReader((run_dir / "log.csv").open()))
+    # (1,437 - 300) // 64 = 17 steps per epoch, two epochs.
+    assert [int(row["step"]) for row in rows] == list(range(1, 35))
+    assert all(not row["test_error"] for row in rows) and rows[-1]["validation_error"]
+    hours = [float(row["hours"]) for row in rows]
+    assert hours == sorted(hours) and hours[-1] == pytest.approx(summary["training_hours"], abs=1e-4)
+    config = DIGITS.override("validation_examples=300")
+    held_out = data.load(config).validation
+    assert held_out.size == 300
+    model = keras.saving.load_model(run_dir / "model.keras")
+    logits = model.predict(held_out.items.astype("float32"), verbose=0)
+    error = float(np.mean(np.argmax(logits, -1) != held_out.labels))
+    assert summary["validation_error"] == pytest.approx(error, abs=1e-9)
+    assert float(rows[-1]["validation_error"]) == pytest.approx(error, abs=1e-9)
 
 
 def test_seeds_report_median_and_spread(tmp_path):

@@ -165,7 +165,7 @@ def train_seeds(config, run_dir, seeds):
         directory = run_dir if seeds == 1 else os.path.join(run_dir, f"seed{seeded.seed}")
         summaries.append(loop.train(seeded, directory))
     if seeds > 1:
-        errors = [100 * summary["test_error"] for summary in summaries]
+        errors = [100 * summary[f"{summary['evaluated_on']}_error"] for summary in summaries]
         result = dict(seeds=seeds, test_errors=errors, median=statistics.median(errors),
                       mean=statistics.mean(errors), std=statistics.stdev(errors))
         with open(os.path.join(run_dir, "seeds.json"), "w") as file:

@@ -46,10 +46,13 @@ class Split:
 
 @dataclasses.dataclass
 class DataSet:
+    """The splits of a data set; `validation` is held out of the training set, or `None`."""
+
     train: Split
     test: Split
     class_names: list
     image_shape: tuple
+    validation: Split = None
 
 
 def load(config):
@@ -64,9 +67,31 @@ def load(config):
     if config.dataset not in loaders:
         raise ValueError(f"dataset must be one of {sorted(loaders)}. Received: dataset={config.dataset!r}")
     data = loaders[config.dataset](config)
+    if config.validation_examples is not None:
+        data.train, data.validation = hold_out(data.train, config.validation_examples, config.seed)
     data.train = subset(data.train, config.train_examples, config.seed)
     data.test = subset(data.test, config.test_examples, config.seed)
     return data
+
+
+def validation_split(size, validation_examples, seed):
+    """(training indices, validation indices): a fixed random `validation_examples` of the
+    training set held out, the rest trained on. Disjoint, together every index once."""
+    if not isinstance(validation_examples, int) or not 0 < validation_examples < size:
+        raise ValueError(f"validation_examples must be an integer between 1 and the training set's size less one "
+                         f"({size - 1}). Received: validation_examples={validation_examples!r}")
+    order = np.random.default_rng(seed).permutation(size)
+    return np.sort(order[validation_examples:]), np.sort(order[:validation_examples])
+
+
+def hold_out(split, validation_examples, seed):
+    """(training split, validation split): `validation_split` applied to an indexed split."""
+    if split.items is None:
+        raise ValueError("validation_examples needs a data set held in memory (CIFAR, the digits, an image folder), "
+                         f"not a streamed one. Received: a split of {split.size} streamed examples")
+    training, validation = validation_split(split.size, validation_examples, seed)
+    return tuple(dataclasses.replace(split, items=split.items[keep], labels=split.labels[keep], size=len(keep))
+                 for keep in (training, validation))
 
 
 def subset(split, examples, seed):

@@ -22,7 +22,10 @@ import tensorflow as tf
 from keras_preact import stacked
 from training import configs, data, plots, recipe
 
-CSV_FIELDS = ["step", "epoch", "loss", "accuracy", "learning_rate", "test_loss", "test_error", "images_per_second"]
+# test_* or validation_*: the split a run evaluates on (`Config.validation_examples`); hours: of
+# training steps, summed over the sessions of a resumed run.
+CSV_FIELDS = ["step", "epoch", "loss", "accuracy", "learning_rate", "test_loss", "test_error", "images_per_second",
+              "validation_loss", "validation_error", "hours"]
 # Evaluation batch size: a memory bound only; results do not depend on it.
 EVALUATION_BATCH = 500
 
@@ -155,9 +158,13 @@ def train(config, run_dir, verbose=True):
     def predict(images):
         return model(images, training=False)
 
+    # A run with a validation split never reads the test set.
+    evaluated_on = "test" if dataset.validation is None else "validation"
+    evaluation_split = dataset.test if dataset.validation is None else dataset.validation
+
     def evaluate():
         losses, correct, count = 0.0, 0, 0
-        for images, labels in data.evaluation_batches(dataset.test, EVALUATION_BATCH):
+        for images, labels in data.evaluation_batches(evaluation_split, EVALUATION_BATCH):
             logits = predict(images)
             losses += float(tf.reduce_sum(per_example_loss(labels, tf.cast(logits, tf.float32))))
             correct += int(tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.int32)))
@@ -171,12 +178,12 @@ def train(config, run_dir, verbose=True):
         lambda context: data.training_batches(dataset.train, config, steps_per_epoch, first_step, total_steps, context)
     )
     iterator = iter(distributed)
-    progress = keras.utils.Progbar(total_steps, stateful_metrics=["loss", "accuracy", "lr", "test_error"],
+    progress = keras.utils.Progbar(total_steps, stateful_metrics=["loss", "accuracy", "lr", f"{evaluated_on}_error"],
                                    verbose=1 if chief and verbose else 0)
     progress.update(first_step)
     # Training time counts the steps only (until their loss is back), not evaluations or checkpoints.
     window_loss, window_correct, window_seconds, window_steps = 0.0, 0.0, 0.0, 0
-    training_seconds, test_error = 0.0, None
+    training_seconds, error = 0.0, None
     for step in range(first_step + 1, total_steps + 1):
         learning_rate = float(optimizer.learning_rate)  # the rate of this step, before it counts
         started = time.perf_counter()
@@ -195,13 +202,14 @@ def train(config, run_dir, verbose=True):
             training_seconds += window_seconds
             row = dict(step=step, epoch=round(step / steps_per_epoch, 3), loss=window_loss / window_steps,
                        accuracy=window_correct / (window_steps * config.batch_size), learning_rate=learning_rate,
-                       images_per_second=window_steps * config.batch_size / window_seconds)
+                       images_per_second=window_steps * config.batch_size / window_seconds,
+                       hours=round(log.earlier_hours + training_seconds / 3600, 5))
             if step % config.evaluate_every == 0 or step == total_steps:
                 if replicas > 1:
                     average_moving_statistics()
-                row["test_loss"], test_error = evaluate()
-                row["test_error"] = test_error
-                values.append(("test_error", test_error))
+                row[f"{evaluated_on}_loss"], error = evaluate()
+                row[f"{evaluated_on}_error"] = error
+                values.append((f"{evaluated_on}_error", error))
             log.write(row)
             window_loss, window_correct, window_seconds, window_steps = 0.0, 0.0, 0.0, 0
         if step % config.checkpoint_every == 0 or step == total_steps:
@@ -212,12 +220,12 @@ def train(config, run_dir, verbose=True):
 
     if not chief:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    if test_error is None:
-        _, test_error = evaluate()
-    summary = log.finish(config, dataset, model, test_error, training_seconds, total_steps)
+    if error is None:
+        _, error = evaluate()
+    summary = log.finish(config, dataset, model, evaluated_on, error, training_seconds, total_steps)
     if verbose:
         print(
-            f"Final test error {100 * summary['test_error']:.2f} % after {total_steps} steps; "
+            f"Final {evaluated_on} error {100 * error:.2f} % after {total_steps} steps; "
             f"{summary['training_images_per_second']:.0f} images/s this session; weights sha256 "
             f"{summary['weights_sha256'][:16]}; run in {run_dir}."
         )
@@ -255,6 +263,7 @@ class TrainingLog:
     def __init__(self, run_dir, first_step, chief):
         self.run_dir, self.chief = run_dir, chief
         self.csv_path = os.path.join(run_dir, "log.csv")
+        self.earlier_hours = 0.0
         if not chief:
             return
         os.makedirs(run_dir, exist_ok=True)
@@ -263,6 +272,7 @@ class TrainingLog:
             with open(self.csv_path) as file:
                 # A resumed run drops what was logged after its checkpoint.
                 rows = [row for row in csv.DictReader(file) if int(row["step"]) <= first_step]
+            self.earlier_hours = max([float(row.get("hours") or 0) for row in rows], default=0.0)
         with open(self.csv_path, "w", newline="") as file:
             writer = csv.DictWriter(file, CSV_FIELDS)
             writer.writeheader()
@@ -280,9 +290,13 @@ class TrainingLog:
                     tf.summary.scalar(name, value)
         self.writer.flush()
 
-    def finish(self, config, dataset, model, test_error, training_seconds, total_steps):
+    def finish(self, config, dataset, model, evaluated_on, error, training_seconds, total_steps):
+        """summary.json: `test_error` (or `validation_error`, with `evaluated_on` saying which) of the
+        final model, `training_hours` of the whole run, this session's seconds and images/s."""
         summary = dict(
-            test_error=test_error, steps=total_steps, training_seconds=round(training_seconds, 2),
+            evaluated_on=evaluated_on, **{f"{evaluated_on}_error": error}, steps=total_steps,
+            training_hours=round(self.earlier_hours + training_seconds / 3600, 4),
+            training_seconds=round(training_seconds, 2),
             training_images_per_second=self.images_per_second(),
             weights_sha256=weights_digest(model),
             model=config.model, dataset=config.dataset, class_names=dataset.class_names,

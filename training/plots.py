@@ -14,18 +14,20 @@ def read_log(csv_path):
 
 
 def training_curves(csv_path, png_path, title=""):
-    """Test error (%, solid, left axis) and training loss (dashed, right axis) against
+    """Test (or validation) error (%, solid, left axis) and training loss (dashed, right axis) against
     iterations, as the paper draws them. Returns `png_path`."""
     rows = read_log(csv_path)
     figure, error_axis = plt.subplots(figsize=(7, 4.5), dpi=120)
     loss_axis = error_axis.twinx()
     steps = [int(row["step"]) for row in rows]
     loss_axis.plot(steps, [float(row["loss"]) for row in rows], "--", color="tab:blue", linewidth=1, label="training loss")
-    evaluated = [row for row in rows if row["test_error"]]
-    error_axis.plot([int(row["step"]) for row in evaluated], [100 * float(row["test_error"]) for row in evaluated],
-                    "-", color="tab:red", linewidth=2, marker="o" if len(evaluated) < 30 else None, label="test error")
+    split = "validation" if any(row.get("validation_error") for row in rows) else "test"
+    evaluated = [row for row in rows if row[f"{split}_error"]]
+    error_axis.plot([int(row["step"]) for row in evaluated], [100 * float(row[f"{split}_error"]) for row in evaluated],
+                    "-", color="tab:red", linewidth=2, marker="o" if len(evaluated) < 30 else None,
+                    label=f"{split} error")
     error_axis.set_xlabel("iterations")
-    error_axis.set_ylabel("test error (%)")
+    error_axis.set_ylabel(f"{split} error (%)")
     loss_axis.set_ylabel("training loss")
     error_axis.set_ylim(bottom=0)
     loss_axis.set_ylim(bottom=0)

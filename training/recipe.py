@@ -7,6 +7,8 @@ arrays trains with the paper's recipe under TensorFlow, JAX or PyTorch. The Tens
 loop of `training.loop` uses the same objects under `tf.distribute`.
 """
 
+import math
+
 import keras
 from keras import ops
 
@@ -100,8 +102,45 @@ class WarmupPiecewiseDecay(keras.optimizers.schedules.LearningRateSchedule):
         )
 
 
+class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """A warm-up at a constant rate, then half a cosine from `learning_rate` down to 0.
+
+    SGDR's annealing without restarts (Loshchilov and Hutter, ICLR 2017): step s uses
+    `warmup_learning_rate` while s < `warmup_steps`, then
+    `learning_rate * (1 + cos(pi * (s - warmup_steps) / (total_steps - warmup_steps))) / 2`,
+    which reaches 0 at `total_steps`.
+
+    Args:
+        learning_rate: the rate after the warm-up.
+        total_steps: the length of training.
+        warmup_steps, warmup_learning_rate: as `WarmupPiecewiseDecay`'s.
+    """
+
+    def __init__(self, learning_rate, total_steps, warmup_steps=0, warmup_learning_rate=0.0):
+        if not 0 <= int(warmup_steps) < int(total_steps):
+            raise ValueError(f"warmup_steps must be at least 0 and less than total_steps ({total_steps}). "
+                             f"Received: warmup_steps={warmup_steps!r}")
+        self.learning_rate = float(learning_rate)
+        self.total_steps = int(total_steps)
+        self.warmup_steps = int(warmup_steps)
+        self.warmup_learning_rate = float(warmup_learning_rate)
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        progress = (step - self.warmup_steps) / float(self.total_steps - self.warmup_steps)
+        annealed = self.learning_rate * 0.5 * (1.0 + ops.cos(math.pi * ops.clip(progress, 0.0, 1.0)))
+        return ops.where(ops.less(step, float(self.warmup_steps)), self.warmup_learning_rate, annealed)
+
+    def get_config(self):
+        return dict(learning_rate=self.learning_rate, total_steps=self.total_steps, warmup_steps=self.warmup_steps,
+                    warmup_learning_rate=self.warmup_learning_rate)
+
+
 def schedule(config, steps_per_epoch):
     """The learning-rate schedule of `config` (see `training.configs.Config`)."""
+    if config.schedule == "cosine":
+        return WarmupCosineDecay(config.scaled_learning_rate, config.total_steps(steps_per_epoch),
+                                 config.to_steps(config.warmup, steps_per_epoch), config.scaled_warmup_learning_rate)
     return WarmupPiecewiseDecay(
         config.scaled_learning_rate,
         [config.to_steps(boundary, steps_per_epoch) for boundary in config.decay_boundaries],

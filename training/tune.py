@@ -48,16 +48,6 @@ class ClassificationError(keras.metrics.SparseCategoricalAccuracy):
         return 1.0 - super().result()
 
 
-def validation_split(size, validation_examples, seed):
-    """(training indices, validation indices): a fixed random `validation_examples` of the
-    training set held out, the rest trained on. Disjoint, together every index once."""
-    if not isinstance(validation_examples, int) or not 0 < validation_examples < size:
-        raise ValueError(f"validation_examples must be an integer between 1 and the training set's size less one "
-                         f"({size - 1}). Received: validation_examples={validation_examples!r}")
-    order = np.random.default_rng(seed).permutation(size)
-    return np.sort(order[validation_examples:]), np.sort(order[:validation_examples])
-
-
 def in_memory(split):
     """A split's decoded images (float32, 0-255) and labels as arrays."""
     images, labels = zip(*[(image.numpy(), label.numpy()) for image, label in data.evaluation_batches(split, 500)])
@@ -165,7 +155,7 @@ def search(config, output, gatings=GATINGS, tuner="grid", trials=None, validatio
     if not isinstance(rounds, int) or rounds < 1 or (tuner == "hyperband" and rounds < 3):
         raise ValueError(f"rounds must be a positive integer (at least 3 for hyperband). Received: rounds={rounds!r}")
     dataset = data.load(config)
-    training_indices, validation_indices = validation_split(dataset.train.size, validation_examples, config.seed)
+    training_indices, validation_indices = data.validation_split(dataset.train.size, validation_examples, config.seed)
     images, labels = in_memory(dataset.train)
     training = images[training_indices], labels[training_indices]
     validation = images[validation_indices], labels[validation_indices]

@@ -3,6 +3,7 @@
     python bench/harness.py                                   # ResNet-164, ResNet-50 vs ResNet50V2
     python bench/harness.py --models resnet1001 resnet152 --peers ResNet152V2
     python bench/harness.py --models resnet1001 --scan-units --rematerialize --peers
+    python bench/harness.py --models resnet20 resnet164 --peers --unfused    # fused BatchNorm before/after
 
 For each network, in a fresh process (so that peak memory is its own): seconds to build
 it; seconds to the end of the first training step (SGD with momentum, the loss and
@@ -15,7 +16,10 @@ forward graph (TensorFlow's profiler: convolutions and matrix products), and eac
 rate is set against the CPU's measured float32 matmul rate (training ~ 3 x forward FLOPs).
 Keras Applications peers (`--peers`) are measured side by side, with our network of the
 same depth, and so are PyTorch's (`--torch resnet50 resnet164`, `bench/torch_peers.py`,
-with the `bench` extra: torch 2.13.0's CPU build); the ratios are printed.
+with the `bench` extra: torch 2.13.0's CPU build); the ratios are printed. `--unfused`
+measures each of `--models` again with BatchNorm's portable `keras.ops` path in place of
+TensorFlow's fused kernel (`keras_preact.blocks.FUSED_ON_TENSORFLOW = False`), the code
+before the fused path, and prints what the fused kernel gains.
 """
 
 import argparse
@@ -37,13 +41,15 @@ CIFAR_BATCH, IMAGENET_BATCH = 128, 32
 TRAINING_FLOPS_PER_FORWARD = 3
 
 
-def build(name, precision="float32", **options):
-    """A peer, or our network `name` with `keras_preact.ResNet` `options` (scan_units, ...)."""
+def build(name, precision="float32", unfused=False, **options):
+    """A peer, or our network `name` with `keras_preact.ResNet` `options` (scan_units, ...);
+    `unfused`: BatchNorm's portable path instead of TensorFlow's fused kernel."""
     import keras
 
     import keras_preact
 
     keras.config.set_dtype_policy(precision)
+    keras_preact.blocks.FUSED_ON_TENSORFLOW = not unfused
     if name in PEERS:
         return getattr(keras.applications, name)(weights=None, classifier_activation=None)
     return keras_preact.get_model(name, classifier_activation=None, **options)
@@ -79,11 +85,11 @@ def peak_resident_gibibytes():
         return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 2**20
 
 
-def measure(name, steps, precision="float32", xla=False, batch=None, **options):
+def measure(name, steps, precision="float32", xla=False, batch=None, unfused=False, **options):
     import tensorflow as tf
 
     started = time.perf_counter()
-    model = build(name, precision, **options)
+    model = build(name, precision, unfused, **options)
     build_seconds = time.perf_counter() - started
     shape = model.input_shape[1:]
     batch = batch or (CIFAR_BATCH if shape[0] == 32 else IMAGENET_BATCH)
@@ -114,6 +120,7 @@ def measure(name, steps, precision="float32", xla=False, batch=None, **options):
         reload_seconds = time.perf_counter() - started
     label = name + "".join(f" {option}" for option, value in options.items() if value)
     label += (f" {precision}" if precision != "float32" else "") + (" XLA" if xla else "")
+    label += " unfused BatchNorm" if unfused else ""
     return dict(name=label, batch=batch, image_size=shape[0], build_s=build_seconds, first_step_s=first_step,
                 train_images_per_s=batch / statistics.median(step_seconds),
                 inference_images_per_s=batch / statistics.median(inference_seconds),
@@ -189,13 +196,16 @@ def main():
                         help="build --models with scan_units=True (each stage's units as one loop)")
     parser.add_argument("--rematerialize", action="store_true", help="build --models with rematerialize=True")
     parser.add_argument("--batch", type=int, help="the batch size of --models (default 128 for CIFAR nets, 32 else)")
+    parser.add_argument("--unfused", action="store_true",
+                        help="also measure --models with BatchNorm's portable path instead of the fused kernel")
     parser.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--xla", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.one:
         ours = {} if arguments.one in PEERS else dict(
-            scan_units=arguments.scan_units, rematerialize=arguments.rematerialize, batch=arguments.batch)
+            scan_units=arguments.scan_units, rematerialize=arguments.rematerialize, batch=arguments.batch,
+            unfused=arguments.unfused)
         print(json.dumps(measure(arguments.one, arguments.steps, arguments.precision, arguments.xla, **ours)))
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -209,6 +219,9 @@ def main():
                                       ("--rematerialize", arguments.rematerialize)) if value]
     ours += ["--batch", str(arguments.batch)] if arguments.batch else []
     results = {name: run_one(name, arguments.steps, ours) for name in names}
+    if arguments.unfused:
+        for name in arguments.models:
+            results[f"{name} unfused"] = run_one(name, arguments.steps, ours + ["--unfused"])
     if arguments.variants:
         for name in arguments.models:
             for options in (["--precision", "mixed_bfloat16"], ["--xla"], ["--precision", "mixed_bfloat16", "--xla"]):
@@ -232,6 +245,13 @@ def main():
         print(f"{PEERS[peer]} / {peer}: training {ours['train_images_per_s'] / theirs['train_images_per_s']:.2f}x, "
               f"inference {ours['inference_images_per_s'] / theirs['inference_images_per_s']:.2f}x, "
               f"first step {theirs['first_step_s'] / ours['first_step_s']:.2f}x as fast")
+    if arguments.unfused:
+        for name in arguments.models:
+            fused, unfused = results[name], results[f"{name} unfused"]
+            print(f"{name}, fused / unfused BatchNorm: training "
+                  f"{fused['train_images_per_s'] / unfused['train_images_per_s']:.2f}x, inference "
+                  f"{fused['inference_images_per_s'] / unfused['inference_images_per_s']:.2f}x, first step "
+                  f"{unfused['first_step_s'] / fused['first_step_s']:.2f}x as fast")
     for model in arguments.torch:
         ours, theirs = results[model], results[f"torch_{model}"]
         print(f"{model} / PyTorch {theirs['torch']} ({theirs['threads']} threads): training "

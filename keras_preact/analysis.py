@@ -216,7 +216,9 @@ def set_batch_norm_statistics(model, images):
     An untrained deep network has moving statistics of 0 and 1, and in inference mode a
     pre-activation net whose residuals add up over hundreds of units overflows. With the
     statistics of a batch, the inference-mode output on that batch equals the
-    training-mode one: what export and serving tests of untrained networks need.
+    training-mode one, up to the moving variance's Bessel correction (n / (n - 1), n
+    the values per channel; see `keras_preact.blocks.BatchNorm`): what export and
+    serving tests of untrained networks need.
     """
     layers = [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
     momenta = [layer.momentum for layer in layers]

@@ -182,11 +182,13 @@ def test_analysis_refuses_loops_and_reaches_their_batch_norms():
     norms = [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
     assert len(norms) == len([layer for layer in stacked.all_layers(keras_preact.ResNet20(classes=10))
                               if isinstance(layer, keras.layers.BatchNormalization)]) - 3 * 2  # a unit less per stage
-    # Statistics set from a batch: inference then equals training mode, loops included.
+    # Statistics set from a batch: inference then equals training mode, loops included, up
+    # to the moving variance's Bessel correction (n / (n - 1), n >= 16 x 8 x 8: 0.1 % per
+    # BatchNorm; 0.44 % measured at the outputs).
     images = random_images((16, 32, 32, 3), seed=4)
     keras_preact.analysis.set_batch_norm_statistics(model, images)
     np.testing.assert_allclose(np.array(model(images, training=False)), np.array(model(images, training=True)),
-                               rtol=1e-4, atol=1e-5)
+                               rtol=1e-2, atol=1e-5)
 
 
 @pytest.mark.tensorflow

@@ -88,6 +88,9 @@ class Config:
             computes them per GPU (64 images of a batch of 128), the default.
         precision: "float32", "mixed_bfloat16" or "mixed_float16".
         xla: compile the training step with XLA.
+        fused_batch_norm: BatchNorm through TensorFlow's fused kernel where it applies
+            (`keras_preact.blocks.BatchNorm`); false for the portable `keras.ops` path.
+            The same results to float rounding, and checkpoints of either load in the other.
         deterministic: bitwise reproducible runs: deterministic kernels, one thread per
             kernel, no Grappler rewrites. Slower; a resumed or multi-worker run then
             ends with exactly the weights of an uninterrupted one-process run.
@@ -134,6 +137,7 @@ class Config:
     synchronized_batch_norm: bool = False
     precision: str = "float32"
     xla: bool = False
+    fused_batch_norm: bool = True
     deterministic: bool = False
 
     def __post_init__(self):

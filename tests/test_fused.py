@@ -1,0 +1,144 @@
+"""BatchNorm's fused TensorFlow kernel against its portable keras.ops path: the same networks."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_preact
+from keras_preact import blocks, defaults, stacked
+from tests.conftest import gradients, random_images
+
+UNIT_KINDS = ["preactivation", "original", "bn_after_addition", "relu_before_addition", "relu_only_preactivation"]
+
+
+def network(unit, form="basic", **options):
+    """The smallest CIFAR network with two units per stage (so that loops have a unit to loop over)."""
+    depth = {"basic": 14, "bottleneck": 20}[form]
+    return keras_preact.CifarResNet(depth, form, unit=unit, classes=10, input_shape=(16, 16, 3), **options)
+
+
+def weighted_sum(outputs):
+    return keras.ops.sum(keras.ops.cast(outputs, "float32") * np.arange(1, 11, dtype="float32"))
+
+
+def one_step(model, images, fused, monkeypatch):
+    """Training-mode outputs, the gradient of every weight, the moving statistics after the
+    two training passes, and inference-mode outputs; the weights are put back after."""
+    monkeypatch.setattr(blocks, "FUSED_ON_TENSORFLOW", fused)
+    initial = model.get_weights()
+    outputs = [np.array(model(images, training=True), "float32")]
+    grads = gradients(model, images, weighted_sum)
+    moving = [np.array(variable) for variable in stacked.moving_statistics(model)]
+    inference = [np.array(model(images, training=False), "float32")]
+    model.set_weights(initial)
+    return dict(outputs=outputs, gradients=grads, moving_statistics=moving, inference=inference)
+
+
+def assert_same_to_rounding(received, expected):
+    """Outputs and statistics to 1e-5 of each array's largest value (at most 9e-7 measured).
+    Gradients: a difference of 1e-7 in a BatchNorm output can move a ReLU input across
+    zero, where BatchNorm centres them; each gradient is held to 5 % of its own norm (at
+    most 2 % measured, in the units below the crossing), or to rounding where it is
+    about zero (a path that computed another function is off by the whole gradient)."""
+    for kind in ("outputs", "moving_statistics", "inference"):
+        for index, (got, want) in enumerate(zip(received[kind], expected[kind], strict=True)):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max(), err_msg=f"{kind}[{index}]")
+    scale = max(np.abs(want).max() for want in expected["gradients"])
+    for index, (got, want) in enumerate(zip(received["gradients"], expected["gradients"], strict=True)):
+        assert np.linalg.norm(got - want) <= 0.05 * np.linalg.norm(want) + 1e-5 * scale * np.sqrt(want.size), index
+
+
+def largest_relative_errors(received, reference):
+    return {kind: max(np.linalg.norm(got - want) / np.linalg.norm(want)
+                      for got, want in zip(received[kind], reference[kind], strict=True)) for kind in reference}
+
+
+CASES = [(unit, "basic", layout, remat) for unit in UNIT_KINDS for layout in ("separate", "loops")
+         for remat in (False, True)] + [("preactivation", "bottleneck", "loops", True)]
+
+
+def case_id(case):
+    return "-".join([case[0], case[1], case[2], "remat" if case[3] else "plain"])
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("unit, form, layout, rematerialize", CASES, ids=[case_id(case) for case in CASES])
+def test_fused_equals_portable(unit, form, layout, rematerialize, monkeypatch):
+    model = network(unit, form, scan_units=layout == "loops", rematerialize=rematerialize)
+    images = random_images((4, 16, 16, 3), seed=3)
+    portable = one_step(model, images, False, monkeypatch)
+    fused = one_step(model, images, True, monkeypatch)
+    assert all(gradient is not None for gradient in fused["gradients"])
+    assert_same_to_rounding(fused, portable)
+    # The step moved the statistics: comparing initial values would prove nothing.
+    assert not np.allclose(portable["moving_statistics"][0], 0.0)
+
+
+BFLOAT16_CASES = [("preactivation", "basic", "separate", False), ("original", "bottleneck", "loops", True)]
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("unit, form, layout, rematerialize", BFLOAT16_CASES,
+                         ids=[case_id(case) for case in BFLOAT16_CASES])
+def test_fused_is_as_close_to_float32_as_portable_under_mixed_bfloat16(unit, form, layout, rematerialize,
+                                                                        monkeypatch):
+    """bfloat16 rounds each activation to 8 bits: both paths then differ from float32 by far
+    more than from each other (outputs 0.5-1.4 %, gradients up to 68 % at initialisation
+    measured, alike for the two); the fused path may not be further off than the portable one."""
+    options = dict(scan_units=layout == "loops", rematerialize=rematerialize)
+    images = random_images((4, 16, 16, 3), seed=3)
+    reference = network(unit, form, **options)
+    float32 = one_step(reference, images, False, monkeypatch)
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = network(unit, form, **options)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    model.set_weights(reference.get_weights())
+    assert model.get_layer("stem_conv").compute_dtype == "bfloat16"
+    portable = largest_relative_errors(one_step(model, images, False, monkeypatch), float32)
+    fused = largest_relative_errors(one_step(model, images, True, monkeypatch), float32)
+    for kind in float32:
+        assert fused[kind] <= 1.25 * portable[kind] + 1e-3, (kind, fused[kind], portable[kind])
+
+
+def test_the_fused_kernel_runs_on_tensorflow_only_where_it_applies(monkeypatch):
+    norm = blocks.batch_norm(1e-4, "bn")
+    images = random_images((2, 4, 4, 3))
+    norm.build(images.shape)
+    assert norm.fused(images) == (keras.backend.backend() == "tensorflow")
+    assert not norm.fused(random_images((2, 3)))  # not a 4-D image batch
+    norm.synchronized = True  # statistics over replicas: the fused kernel cannot pool them
+    assert not norm.fused(images)
+    monkeypatch.setattr(blocks, "FUSED_ON_TENSORFLOW", False)
+    norm.synchronized = False
+    assert not norm.fused(images)
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_traced_graph_holds_the_fused_kernel_or_not(fused, monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.setattr(blocks, "FUSED_ON_TENSORFLOW", fused)
+    model = network("preactivation")
+    for training in (True, False):
+        graph = tf.function(lambda images: model(images, training=training)).get_concrete_function(
+            tf.TensorSpec((None, 16, 16, 3))).graph
+        kinds = {operation.type for operation in graph.get_operations()}
+        assert ("FusedBatchNormV3" in kinds) == fused, training
+
+
+def test_moving_variance_is_unbiased_on_every_path(monkeypatch):
+    """Torch's (and the fused kernel's) running variance: the batch variance with Bessel's
+    correction; the batch is normalized with the biased one."""
+    images = np.random.default_rng(0).normal(2.0, 3.0, size=(4, 5, 5, 3)).astype("float32")
+    for fused in (True, False):
+        monkeypatch.setattr(blocks, "FUSED_ON_TENSORFLOW", fused)
+        norm = blocks.batch_norm(0.0, "bn")
+        outputs = np.array(norm(images, training=True))
+        values = images.reshape(-1, 3)
+        np.testing.assert_allclose(np.array(norm.moving_mean), 0.1 * values.mean(0), rtol=1e-5)
+        np.testing.assert_allclose(np.array(norm.moving_variance), 0.9 + 0.1 * values.var(0, ddof=1), rtol=1e-5)
+        expected = (images - values.mean(0)) / np.sqrt(values.var(0) + defaults.BATCH_NORM_EPSILON)
+        np.testing.assert_allclose(outputs, expected, rtol=1e-4, atol=1e-4)

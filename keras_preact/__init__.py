@@ -5,7 +5,7 @@ Reference:
     https://arxiv.org/abs/1603.05027
 """
 
-from keras_preact import analysis, architectures, defaults, merges, shortcuts, stacked, units
+from keras_preact import analysis, architectures, defaults, merges, pretrained, shortcuts, stacked, units
 from keras_preact.architectures import ARCHITECTURES, Architecture
 from keras_preact.merges import (
     Addition,
@@ -38,6 +38,7 @@ from keras_preact.models import (
     get_model,
     list_models,
 )
+from keras_preact.pretrained import decode_predictions, preprocess_input
 from keras_preact.stacked import StackedUnits
 from keras_preact.units import (
     BatchNormAfterAdditionUnit,

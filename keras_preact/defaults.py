@@ -13,6 +13,16 @@ import keras
 BATCH_NORM_MOMENTUM = 0.9
 BATCH_NORM_EPSILON = 1e-5
 
+# Per-channel mean and standard deviation of CIFAR-10's training images on the 0-255
+# scale, from the official Torch code (fb.resnet.torch datasets/cifar10.lua): the
+# normalisation of training and of the shipped CIFAR-10 weights.
+CIFAR10_MEAN = (125.3, 123.0, 113.9)
+CIFAR10_STD = (63.0, 62.1, 66.7)
+# ImageNet's, as fb.resnet.torch uses them: (0.485, 0.456, 0.406) x 255 and (0.229,
+# 0.224, 0.225) x 255.
+IMAGENET_MEAN = (123.675, 116.28, 103.53)
+IMAGENET_STD = (58.395, 57.12, 57.375)
+
 # Paper appendix: "weight decay of 0.0001". Caffe and Torch add `decay * w` to the
 # gradient before momentum (a coupled L2 term); see `weight_regularizer`.
 WEIGHT_DECAY = 1e-4

@@ -12,9 +12,13 @@ import re
 
 import keras
 
-from keras_preact import architectures, blocks, defaults, merges, stacked, units
+from keras_preact import architectures, blocks, defaults, merges, pretrained, stacked, units
 
 POOLINGS = (None, "avg", "max")
+# `include_preprocessing`'s per-channel (mean, std) on the 0-255 scale, by stem: CIFAR-10's
+# for the CIFAR networks (the shipped weights'), ImageNet's for the ImageNet networks.
+PREPROCESSING = {"cifar": (defaults.CIFAR10_MEAN, defaults.CIFAR10_STD),
+                 "imagenet": (defaults.IMAGENET_MEAN, defaults.IMAGENET_STD)}
 
 
 def ResNet(
@@ -28,6 +32,7 @@ def ResNet(
     rematerialize=False,
     scan_units=False,
     include_top=True,
+    include_preprocessing=False,
     weights=None,
     input_tensor=None,
     input_shape=None,
@@ -70,8 +75,15 @@ def ResNet(
             seconds. Its weights are named `stage1_units2to111/conv1_kernel`, ...;
             `copy_weights` converts between the two layouts.
         include_top: whether to end with the fully connected classifier.
-        weights: `None` (random initialisation) or the path of a weights file
-            (`.weights.h5`) saved from the same network.
+        include_preprocessing: take 0-255 pixels and normalise them inside the model
+            (`keras_preact.preprocess_input` as a first layer: CIFAR-10's per-channel
+            mean and std for CIFAR networks, ImageNet's for ImageNet networks), as
+            Keras Applications' ConvNeXt and EfficientNetV2 do. Needs 3 channels.
+        weights: `None` (random initialisation), the path of a weights file
+            (`.weights.h5`) saved from the same network, or "cifar10": the weights
+            keras-preact trained on CIFAR-10 for this network (`keras_preact.pretrained`),
+            checked against their SHA-256. With `include_top=False` every weight but
+            the classifier's is loaded.
         input_tensor: optional Keras tensor (output of `keras.Input()`) to use as input.
         input_shape: optional `(height, width, channels)`; the architecture's
             (32, 32, 3) or (224, 224, 3) by default. Height and width may be `None`.
@@ -86,8 +98,10 @@ def ResNet(
 
     Raises:
         ValueError: for an unknown architecture, unit, shortcut or pooling, a bad
-            input shape, `classes` < 1, or `weights` that is neither `None` nor an
-            existing file.
+            input shape, `classes` < 1, `weights` that is neither `None`, an existing
+            file nor a data set, "cifar10" weights asked of a network that has none
+            (the message lists those that have), or a weights file that is corrupt
+            or altered (a SHA-256 that differs from the registry's) or does not fit.
 
     Example:
 
@@ -116,13 +130,31 @@ def ResNet(
     if include_top and (not isinstance(classes, int) or classes < 1):
         raise ValueError(f"classes must be a positive integer. Received: classes={classes!r}")
     _check_weights(weights)
+    if not isinstance(include_preprocessing, bool):
+        raise ValueError(f"include_preprocessing must be True or False. Received: "
+                         f"include_preprocessing={include_preprocessing!r}")
+    inputs = _inputs(architecture, input_tensor, input_shape)
+    if include_preprocessing and inputs.shape[-1] != 3:
+        raise ValueError("include_preprocessing normalises RGB images and needs 3 channels. Received: "
+                         f"input_shape={tuple(inputs.shape[1:])}")
     unit_class = units.UNITS[unit]
     if downsample_shortcut is None:
         downsample_shortcut = "projection" if shortcut == "projection" else architecture.downsample_shortcut
     stride_on = stride_on or architecture.stride_on
+    default_name = (architecture_name or f"resnet{architecture.depth}") + ("" if unit == "preactivation" else f"_{unit}")
+    shipped = None
+    if isinstance(weights, str) and weights in pretrained.DATASETS:
+        # Trained networks have the architecture's own shortcuts, strides and merge.
+        own = dict(shortcut="identity", merge=None, downsample_shortcut=architecture.downsample_shortcut,
+                   stride_on=architecture.stride_on)
+        chosen = dict(shortcut=shortcut, merge=merge, downsample_shortcut=downsample_shortcut, stride_on=stride_on)
+        shipped = pretrained.find(weights, default_name if architecture_name else None, classes, inputs.shape[1:],
+                                  include_top, {option: value for option, value in chosen.items() if value != own[option]})
 
-    inputs = _inputs(architecture, input_tensor, input_shape)
-    x = STEMS[architecture.stem](inputs, weight_decay)
+    x = inputs
+    if include_preprocessing:
+        x = pretrained.normalization(*PREPROCESSING[architecture.stem], name="preprocessing")(x)
+    x = STEMS[architecture.stem](x, weight_decay)
     for stage, (unit_count, width) in enumerate(zip(architecture.units_per_stage, architecture.widths), start=1):
         for index in range(1, unit_count + 1):
             strides = 2 if index == 1 and stage > 1 else 1
@@ -169,13 +201,30 @@ def ResNet(
     elif pooling == "max":
         x = keras.layers.GlobalMaxPooling2D(name="max_pool")(x)
 
-    if name is None:
-        name = (architecture_name or f"resnet{architecture.depth}") + ("" if unit == "preactivation" else f"_{unit}")
     model_inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else inputs
-    model = keras.Model(model_inputs, x, name=name)
-    if weights is not None:
-        model.load_weights(weights)
+    model = keras.Model(model_inputs, x, name=name or default_name)
+    if shipped is not None:
+        # The file holds the whole network, units separate: load it as such, copy what this model has.
+        trained = ResNet(architecture, unit=unit, include_preprocessing=include_preprocessing,
+                         classes=len(pretrained.DATASETS[weights]["classes"]), classifier_activation=classifier_activation)
+        load_weights_file(trained, pretrained.verified_file(shipped))
+        copy_weights(trained, model)
+    elif weights is not None:
+        load_weights_file(model, weights)
     return model
+
+
+def load_weights_file(model, path):
+    """`model.load_weights(path)`, its errors naming the file.
+
+    Raises:
+        ValueError: for a file that cannot be read or does not fit the model.
+    """
+    try:
+        model.load_weights(path)
+    except Exception as error:
+        raise ValueError(f"Could not load the weights file {os.fspath(path)} into {model.name} (a truncated, "
+                         f"corrupt file, or one saved from another network): {error}") from error
 
 
 def _preactivation(stage, index):
@@ -217,6 +266,8 @@ def copy_weights(source, target):
         for index, name in enumerate(_unit_names(layer)):
             weights[name] = layer.unit_weights(index) if isinstance(layer, stacked.StackedUnits) else layer.get_weights()
     for layer in target.layers:
+        if not layer.weights:  # inputs, pooling, ReLU: nothing to copy, whatever the source has
+            continue
         names = _unit_names(layer)
         missing = [name for name in names if name not in weights]
         if missing:
@@ -233,11 +284,13 @@ def copy_weights(source, target):
 
 
 def _check_weights(weights):
-    if weights is not None and not (isinstance(weights, (str, os.PathLike)) and os.path.isfile(weights)):
+    if weights is None or (isinstance(weights, str) and weights in pretrained.DATASETS):
+        return
+    if not (isinstance(weights, (str, os.PathLike)) and os.path.isfile(weights)):
         raise ValueError(
-            "weights must be None (random initialisation) or the path of an existing weights "
-            "file (.weights.h5) saved from the same network; keras-preact publishes no "
-            f"pretrained weights. Received: weights={weights!r}"
+            "weights must be None (random initialisation), the path of an existing weights file "
+            f"(.weights.h5) saved from the same network, or one of {sorted(pretrained.DATASETS)} for "
+            f"keras-preact's trained weights. Received: weights={weights!r}"
         )
 
 

@@ -231,7 +231,11 @@ def test_weights_from_a_file_reproduce_the_network(tmp_path):
         (lambda: kp.ResNet20(input_shape=(2, 2, 3)), "height and width None or >= 4"),
         (lambda: kp.ResNet50(input_shape=(16, 16, 3)), "Received: input_shape=(16, 16, 3)"),
         (lambda: kp.ResNet20(input_shape=(32, 32, None)), "known number of channels"),
-        (lambda: kp.ResNet20(weights="imagenet"), "publishes no pretrained weights. Received: weights='imagenet'"),
+        (lambda: kp.ResNet20(weights="imagenet"), "or one of ['cifar10'] for keras-preact's trained weights. "
+                                                  "Received: weights='imagenet'"),
+        (lambda: kp.ResNet20(include_preprocessing=1), "Received: include_preprocessing=1"),
+        (lambda: kp.ResNet20(include_preprocessing=True, input_shape=(32, 32, 1)),
+         "needs 3 channels. Received: input_shape=(32, 32, 1)"),
         (lambda: kp.ResNet20(pooling="mean"), "Received: pooling='mean'"),
         (lambda: kp.ResNet20(merge="gating"), "Received: merge='gating'"),
         (lambda: kp.ResNet20(shortcut="zero_pad"), "Received: shortcut='zero_pad'"),

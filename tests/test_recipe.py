@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_preact import defaults
 from training import configs, recipe
 
 PAPER = configs.CONFIGS["cifar10_paper"]
@@ -98,7 +99,7 @@ def test_flips_happen_per_image_and_values_stay_in_range():
     assert all(a or b for a, b in zip(is_flipped, is_same))
     assert 16 < sum(is_flipped) < 48
     normalized = np.array(layers[2](images))
-    expected = (images - np.array(configs.CIFAR_MEAN)) / np.array(configs.CIFAR_STD)
+    expected = (images - np.array(defaults.CIFAR10_MEAN)) / np.array(defaults.CIFAR10_STD)
     np.testing.assert_allclose(normalized, expected, rtol=1e-4, atol=1e-4)
     assert -2.2 < normalized.min() and normalized.max() < 2.3
 

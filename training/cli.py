@@ -5,6 +5,7 @@
     python -m training train --config cifar10_paper --data-dir ~/tensorflow_datasets \\
         --strategy mirrored --set batch_size=256
     python -m training configs                                    # the configs and their fields
+    python -m training evaluate --model resnet20 --weights cifar10 --data-dir DIR   # test error, per class
     python -m training export --run-dir runs/demo                 # a SavedModel for TF Serving
     python -m training serve saved_models/digits_resnet20         # TF Serving's REST API, locally
     python -m training query --model digits_resnet20 digit.png    # top-k classes from a server
@@ -23,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def parser():
-    from training import configs, export, serve, tune
+    from training import configs, evaluate, export, serve, tune
 
     main = argparse.ArgumentParser(
         prog="python -m training", description=__doc__.split("\n\n")[0],
@@ -62,6 +63,21 @@ def parser():
     diagnose.add_argument("--data-dir", help="CIFAR-10 as an image folder; default: the embedded digits")
     diagnose.add_argument("--seed", type=int, default=0, help="seed of the networks' initialisation (default: 0)")
     diagnose.add_argument("--output", default=os.path.join("runs", "diagnose"), help="default: runs/diagnose")
+    evaluate_parser = commands.add_parser(
+        "evaluate", help="test error and per-class accuracy of shipped weights or a weights file",
+        description="Evaluate a network with keras-preact's shipped weights (--weights cifar10, checked against "
+        "their SHA-256) or a .weights.h5 file saved from the same network on the test split of a CIFAR-10-like "
+        "data set: 0-255 pixels normalised with CIFAR-10's statistics inside the model, one original image each.",
+    )
+    evaluate_parser.add_argument("--model", required=True, help="the network, a name of keras_preact.list_models()")
+    evaluate_parser.add_argument("--weights", default="cifar10",
+                                 help="'cifar10' for the shipped weights (default), or a .weights.h5 file")
+    evaluate_parser.add_argument("--dataset", default="folder", choices=["folder", "cifar10"],
+                                 help="an image folder data_dir/{train,test}/<class>/ (default), or "
+                                 "tensorflow-datasets' cifar10")
+    evaluate_parser.add_argument("--data-dir", help="the image folder, or tensorflow-datasets' data directory")
+    evaluate_parser.add_argument("--batch-size", type=int, default=evaluate.BATCH_SIZE,
+                                 help=f"images per inference batch (default: {evaluate.BATCH_SIZE})")
     export_parser = commands.add_parser(
         "export", help="export a trained run as a SavedModel for TF Serving, then check it on a test image",
         description="Export the model of a finished training run to <output>/<name>/<version>/ with the "
@@ -212,6 +228,15 @@ def main(argv=None):
         return code
 
 
+def evaluate_command(arguments):
+    from training import evaluate
+
+    result = evaluate.evaluate(arguments.model, arguments.weights, arguments.dataset, arguments.data_dir,
+                               arguments.batch_size)
+    print("\n".join(evaluate.report(arguments.model, arguments.weights, result)))
+    return 0
+
+
 def export_command(arguments):
     """Exports a run, reloads the SavedModel and prints its prediction on a real test image."""
     from training import export
@@ -259,5 +284,5 @@ def ablate_command(arguments):
     return 0
 
 
-COMMANDS = {"export": export_command, "serve": serve_command, "query": query_command, "tune": tune_command,
+COMMANDS = {"evaluate": evaluate_command, "export": export_command, "serve": serve_command, "query": query_command, "tune": tune_command,
             "ablate": ablate_command}

@@ -11,14 +11,6 @@ import dataclasses
 
 from keras_preact import defaults, units
 
-# Per-channel mean and standard deviation of CIFAR-10's training images on the 0-255
-# scale, from the official Torch code (fb.resnet.torch datasets/cifar10.lua).
-CIFAR_MEAN = (125.3, 123.0, 113.9)
-CIFAR_STD = (63.0, 62.1, 66.7)
-# ImageNet's, as fb.resnet.torch uses them (0.485, 0.456, 0.406) x 255 and (0.229,
-# 0.224, 0.225) x 255.
-IMAGENET_MEAN = (123.675, 116.28, 103.53)
-IMAGENET_STD = (58.395, 57.12, 57.375)
 # scikit-learn's 8x8 digits scaled to 0-255 (16 grey levels x 255 / 16): the mean and
 # standard deviation of the 1,437 training images (measured, `training.data`'s split).
 DIGITS_MEAN = (77.89,)
@@ -126,8 +118,8 @@ class Config:
     warmup_learning_rate: float = 0.01
     crop_padding: int = 4
     horizontal_flip: bool = True
-    normalization_mean: tuple = CIFAR_MEAN
-    normalization_std: tuple = CIFAR_STD
+    normalization_mean: tuple = defaults.CIFAR10_MEAN
+    normalization_std: tuple = defaults.CIFAR10_STD
     evaluate_every: int = 4000
     checkpoint_every: int = 1000
     log_every: int = 100
@@ -259,7 +251,7 @@ CONFIGS = {
     "imagenet_paper": Config(
         model="resnet200", dataset="imagenet2012", image_size=224, batch_size=256, reference_batch_size=256,
         schedule_unit="epochs", duration=90, decay_boundaries=(30, 60), warmup=0, crop_padding=0,
-        normalization_mean=IMAGENET_MEAN, normalization_std=IMAGENET_STD, evaluate_every=5000, log_every=100,
+        normalization_mean=defaults.IMAGENET_MEAN, normalization_std=defaults.IMAGENET_STD, evaluate_every=5000, log_every=100,
     ),
     # The zoo's recipe on a CPU (keras_preact.weights): the paper's CIFAR-10 recipe (SGD
     # momentum 0.9, lr 0.1 after 400 iterations at 0.01, weight decay 1e-4, batch 128,

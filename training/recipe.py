@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 import keras_preact
+from keras_preact.pretrained import normalization
 
 
 @keras.saving.register_keras_serializable(package="keras_preact_training")
@@ -165,11 +166,6 @@ def preprocessing(config, seed=None):
         layers.append(keras.layers.RandomFlip("horizontal", seed=seed, name="random_flip"))
     layers.append(normalization(config.normalization_mean, config.normalization_std))
     return layers
-
-
-def normalization(mean, std):
-    """(pixels - mean) / std per channel, as a Keras layer (the exported models use it too)."""
-    return keras.layers.Normalization(mean=mean, variance=[value**2 for value in std], name="normalization")
 
 
 def training_model(config, input_shape, classes, seed=None):

@@ -1,0 +1,195 @@
+"""Shipped weights: the registry, the SHA-256 check, Keras Applications loading, preprocessing."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_preact
+from keras_preact import defaults, pretrained
+from tests.conftest import random_images
+
+
+@pytest.fixture
+def shipped(tmp_path, monkeypatch):
+    """A registry in tmp_path that ships the weights of a (random) pre-activation ResNet-20 as
+    `resnet20`'s CIFAR-10 weights, its moving statistics moved away from 0 and 1."""
+    model = keras_preact.ResNet20()
+    model(random_images((8, 32, 32, 3)), training=True)
+    path = tmp_path / "cifar10_resnet20.weights.h5"
+    model.save_weights(path)
+    entry = dict(file=path.name, sha256=pretrained.sha256(path), test_error=0.5)
+    (tmp_path / "registry.json").write_text(json.dumps({"cifar10": {"resnet20": entry}}))
+    monkeypatch.setattr(pretrained, "WEIGHTS_DIRECTORY", str(tmp_path))
+    monkeypatch.setattr(pretrained, "REGISTRY_FILE", str(tmp_path / "registry.json"))
+    return model, path
+
+
+def values(model):
+    return [np.array(weight) for weight in model.weights]
+
+
+def test_cifar10_weights_load_into_the_network_they_were_trained_as(shipped):
+    trained, _ = shipped
+    for model in (keras_preact.ResNet20(weights="cifar10"), keras_preact.get_model("resnet20", weights="cifar10"),
+                  keras_preact.ResNet20(weights="cifar10", classifier_activation=None, rematerialize=True)):
+        for got, want in zip(values(model), values(trained), strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_a_changed_byte_is_refused_with_the_file_and_the_expected_hash(shipped):
+    _, path = shipped
+    expected = pretrained.sha256(path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"The weights file {path} is corrupt or was altered: its SHA-256 is "
+                                         f"[0-9a-f]{{64}}, the registry's {expected}"):
+        keras_preact.ResNet20(weights="cifar10")
+    path.write_bytes(bytes(data[:1000]))  # truncated
+    with pytest.raises(ValueError, match="corrupt or was altered"):
+        keras_preact.ResNet20(weights="cifar10")
+    path.unlink()
+    with pytest.raises(FileNotFoundError, match=f"The weights file {path} is missing .* Expected SHA-256 {expected}"):
+        keras_preact.ResNet20(weights="cifar10")
+
+
+@pytest.mark.parametrize("build, received", [
+    (lambda: keras_preact.ResNet56(weights="cifar10"), "model='resnet56'"),
+    (lambda: keras_preact.ResNet20(unit="original", weights="cifar10"), "model='resnet20_original'"),
+    (lambda: keras_preact.ResNet20(classes=100, weights="cifar10"), "classes=100 (the weights have 10)"),
+    (lambda: keras_preact.ResNet20(input_shape=(64, 64, 3), weights="cifar10"),
+     "input_shape=(64, 64, 3) (the weights take (32, 32, 3))"),
+    (lambda: keras_preact.ResNet20(shortcut="projection", weights="cifar10"),
+     "shortcut='projection', downsample_shortcut='projection'"),
+    (lambda: keras_preact.ResNet20(merge=keras_preact.ConstantScaling(0.5, 0.5), weights="cifar10"), "merge="),
+    (lambda: keras_preact.ResNet(keras_preact.ARCHITECTURES["resnet20"], weights="cifar10"), "model=None"),
+], ids=["other depth", "other unit", "other classes", "other input", "projection shortcuts", "scaling", "unnamed"])
+def test_another_network_is_refused_with_the_list_of_shipped_networks(shipped, build, received):
+    with pytest.raises(ValueError) as error:
+        build()
+    assert "keras-preact ships cifar10 weights for these networks only" in str(error.value)
+    assert "(32, 32, 3) inputs and 10 classes: resnet20. Received: " in str(error.value)
+    assert received in str(error.value)
+
+
+def test_without_the_top_every_weight_but_the_classifier_loads(shipped):
+    trained, _ = shipped
+    headless = keras_preact.ResNet20(include_top=False, pooling="avg", weights="cifar10")
+    assert "predictions" not in [layer.name for layer in headless.layers]
+    images = random_images((2, 32, 32, 3), seed=1)
+    features = keras.Model(trained.input, trained.get_layer("avg_pool").output)
+    np.testing.assert_allclose(np.array(headless(images)), np.array(features(images)), rtol=1e-6, atol=1e-6)
+    # A new classifier for another task on top: the usual transfer set-up.
+    assert keras_preact.ResNet20(include_top=False, weights="cifar10").output_shape == (None, 8, 8, 64)
+
+
+def test_units_as_loops_load_the_same_weights(shipped):
+    trained, _ = shipped
+    looped = keras_preact.ResNet20(scan_units=True, weights="cifar10")
+    images = random_images((2, 32, 32, 3), seed=2)
+    np.testing.assert_allclose(np.array(looped(images)), np.array(trained(images)), rtol=1e-5, atol=1e-6)
+
+
+def test_include_preprocessing_equals_preprocess_input_and_the_plain_model(shipped):
+    pixels = np.random.default_rng(0).integers(0, 256, size=(3, 32, 32, 3)).astype("float32")
+    inside = keras_preact.ResNet20(include_preprocessing=True, weights="cifar10")
+    plain = keras_preact.ResNet20(weights="cifar10")
+    assert inside.layers[1].name == "preprocessing"
+    np.testing.assert_allclose(np.array(inside(pixels)), np.array(plain(keras_preact.preprocess_input(pixels))),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_preprocess_input_by_hand():
+    pixels = np.array([[[[0, 128, 255]]]], "uint8")
+    expected = (np.array([0.0, 128.0, 255.0]) - np.array(defaults.CIFAR10_MEAN)) / np.array(defaults.CIFAR10_STD)
+    np.testing.assert_allclose(np.array(keras_preact.preprocess_input(pixels))[0, 0, 0], expected, rtol=1e-6)
+    assert defaults.CIFAR10_MEAN == (125.3, 123.0, 113.9) and defaults.CIFAR10_STD == (63.0, 62.1, 66.7)
+    with pytest.raises(ValueError, match="images must have 3 channels, last. Received: images of shape .1, 1, 3, 1."):
+        keras_preact.preprocess_input(np.zeros((1, 1, 3, 1)))
+    with pytest.raises(ValueError, match="Received: dataset='svhn'"):
+        keras_preact.preprocess_input(pixels, dataset="svhn")
+
+
+def test_decode_predictions():
+    scores = np.array([[0.01, 0.02, 0.1, 0.6, 0.02, 0.2, 0.01, 0.01, 0.02, 0.01],
+                       [0.9, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.05, 0.05]], "float32")
+    decoded = keras_preact.decode_predictions(scores, top=3)
+    assert [[(index, name) for index, name, _ in row] for row in decoded] == [
+        [(3, "cat"), (5, "dog"), (2, "bird")], [(0, "airplane"), (8, "ship"), (9, "truck")]]
+    assert decoded[0][0][2] == pytest.approx(0.6)
+    with pytest.raises(ValueError, match=r"predictions must be \(images, 10\) for cifar10. Received: predictions of "
+                                         r"shape \(2, 5\)"):
+        keras_preact.decode_predictions(scores[:, :5])
+    with pytest.raises(ValueError, match="top must be an integer from 1 to 10. Received: top=11"):
+        keras_preact.decode_predictions(scores, top=11)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x89HDF\r\n\x1a\n broken"], ids=["empty", "truncated"])
+def test_a_bad_weights_file_is_an_error_that_names_it(tmp_path, content):
+    path = tmp_path / "bad.weights.h5"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"Could not load the weights file {path} into resnet20"):
+        keras_preact.ResNet20(weights=str(path))
+
+
+def test_every_shipped_file_matches_its_registry_entry():
+    entries = pretrained.registry()["cifar10"]
+    if not entries:
+        pytest.skip("no network's trained weights are shipped yet (keras_preact/weights/registry.json)")
+    for name, entry in entries.items():
+        assert name in keras_preact.list_models()
+        assert os.path.getsize(pretrained.verified_file(entry)) <= 16 * 2**20
+
+
+@pytest.fixture
+def small_cifar(cifar_folder, tmp_path):
+    """10 test images per class (and one training image per class) of the CIFAR-10 JPEGs, linked."""
+    root = tmp_path / "small"
+    for split, count in (("test", 10), ("train", 1)):
+        for name in pretrained.CIFAR10_CLASSES:
+            (root / split / name).mkdir(parents=True)
+            for file in sorted(os.listdir(os.path.join(cifar_folder, split, name)))[:count]:
+                os.symlink(os.path.join(cifar_folder, split, name, file), root / split / name / file)
+    return root
+
+
+@pytest.mark.tensorflow
+def test_evaluate_gives_the_error_and_per_class_accuracy_of_the_model(shipped, small_cifar, capsys):
+    import tensorflow as tf
+
+    from training import cli, evaluate
+
+    trained, path = shipped
+    paths = sorted((small_cifar / "test").glob("*/*.jpg"))
+    pixels = np.stack([np.array(tf.io.decode_jpeg(tf.io.read_file(str(file)), channels=3)) for file in paths])
+    labels = np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
+    predicted = np.argmax(np.array(trained(keras_preact.preprocess_input(pixels))), axis=-1)
+    for weights in ("cifar10", str(path)):
+        result = evaluate.evaluate("resnet20", weights, data_dir=str(small_cifar), batch_size=7)
+        assert result["images"] == 100
+        assert result["test_error"] == pytest.approx(np.mean(predicted != labels), abs=1e-9)
+        for index, name in enumerate(pretrained.CIFAR10_CLASSES):
+            assert result["per_class_accuracy"][name] == pytest.approx(np.mean(predicted[labels == index] == index))
+    assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(small_cifar)]) == 0
+    printed = capsys.readouterr().out
+    assert f"resnet20 (cifar10): test error {100 * np.mean(predicted != labels):.2f} % on 100 images" in printed
+    assert len([line for line in printed.splitlines() if line.endswith(" %")]) == 10
+
+
+@pytest.mark.tensorflow
+def test_evaluate_refuses_bad_input(shipped, small_cifar, tmp_path, capsys):
+    from training import cli
+
+    assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(tmp_path / "nowhere")]) == 2
+    assert "needs data_dir to be a folder with train/ and test/" in capsys.readouterr().err
+    assert cli.main(["evaluate", "--model", "resnet21", "--data-dir", str(small_cifar)]) == 2
+    assert "Unknown model. Choose one of" in capsys.readouterr().err
+    assert cli.main(["evaluate", "--model", "resnet56", "--data-dir", str(small_cifar)]) == 2
+    assert "ships cifar10 weights for these networks only" in capsys.readouterr().err
+    (small_cifar / "test" / "airplane").rename(small_cifar / "test" / "aeroplane")
+    (small_cifar / "train" / "airplane").rename(small_cifar / "train" / "aeroplane")
+    assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(small_cifar)]) == 2
+    assert "the data set's classes differ. Received: classes ['aeroplane'," in capsys.readouterr().err

@@ -1,0 +1,74 @@
+"""`python -m training evaluate`: the test error and per-class accuracy of a trained network.
+
+The network is built with `include_preprocessing=True` (it takes 0-255 pixels and
+normalises them with CIFAR-10's statistics, as the CIFAR configs train) and loads either
+keras-preact's shipped weights (`--weights cifar10`, checked against their SHA-256) or a
+`.weights.h5` file saved from the same network. The test split is read in its order,
+decoded as in training (`training.data`), one original image each (no augmentation).
+"""
+
+import time
+
+import numpy as np
+
+import keras_preact
+from training import configs, data
+
+# Images per inference batch: a memory bound only; results do not depend on it.
+BATCH_SIZE = 500
+
+
+def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=BATCH_SIZE):
+    """Evaluates `model_name` with `weights` on the test split of a CIFAR-10-like data set.
+
+    Args:
+        model_name: a name of `keras_preact.list_models()`.
+        weights: "cifar10" (shipped weights) or the path of a `.weights.h5` file.
+        dataset: "folder" (`data_dir/{train,test}/<class>/*.jpg`) or "cifar10"
+            (tensorflow-datasets, `data_dir` its data directory).
+        data_dir: the folder, or tensorflow-datasets' data directory.
+        batch_size: images per inference batch.
+
+    Returns:
+        dict(test_error, per_class_accuracy={class name: accuracy}, images, seconds,
+        images_per_second).
+
+    Raises:
+        ValueError: for an unknown model, weights that do not fit, or a data set whose
+            classes are not CIFAR-10's while the weights are.
+        FileNotFoundError: for a missing data directory.
+    """
+    if model_name not in keras_preact.MODELS:
+        raise ValueError(f"Unknown model. Choose one of {keras_preact.list_models()}. Received: model={model_name!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}")
+    config = configs.get_config("cifar10_cpu", [f"dataset={dataset}"])
+    if data_dir is not None:
+        config = config.override(f"data_dir={data_dir}")
+    test_set = data.load(config)
+    names = list(test_set.class_names)
+    if weights in keras_preact.pretrained.DATASETS and names != list(keras_preact.pretrained.DATASETS[weights]["classes"]):
+        raise ValueError(f"The {weights} weights classify {list(keras_preact.pretrained.DATASETS[weights]['classes'])}; "
+                         f"the data set's classes differ. Received: classes {names}")
+    model = keras_preact.get_model(model_name, weights=weights, include_preprocessing=True, classes=len(names),
+                                   input_shape=test_set.image_shape, classifier_activation=None)
+    correct, counts = np.zeros(len(names), "int64"), np.zeros(len(names), "int64")
+    started = time.perf_counter()
+    for images, labels in data.evaluation_batches(test_set.test, batch_size):
+        predicted = np.argmax(model.predict_on_batch(images), axis=-1)
+        labels = np.array(labels)
+        np.add.at(counts, labels, 1)
+        np.add.at(correct, labels, predicted == labels)
+    seconds = time.perf_counter() - started
+    return dict(test_error=1.0 - correct.sum() / counts.sum(),
+                per_class_accuracy={name: float(hit / count) for name, hit, count in zip(names, correct, counts)},
+                images=int(counts.sum()), seconds=seconds, images_per_second=counts.sum() / seconds)
+
+
+def report(model_name, weights, result):
+    """The result as printed lines: the error, then one line per class."""
+    lines = [f"{model_name} ({weights}): test error {100 * result['test_error']:.2f} % on {result['images']:,} "
+             f"images ({result['seconds']:.1f} s, {result['images_per_second']:.0f} images/s)",
+             "class          accuracy"]
+    lines += [f"{name:<14} {100 * accuracy:6.2f} %" for name, accuracy in result["per_class_accuracy"].items()]
+    return lines

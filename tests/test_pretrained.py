@@ -146,9 +146,9 @@ def test_every_shipped_file_matches_its_registry_entry():
 
 @pytest.fixture
 def small_cifar(cifar_folder, tmp_path):
-    """10 test images per class (and one training image per class) of the CIFAR-10 JPEGs, linked."""
+    """10 test and 5 training images per class of the CIFAR-10 JPEGs, linked."""
     root = tmp_path / "small"
-    for split, count in (("test", 10), ("train", 1)):
+    for split, count in (("test", 10), ("train", 5)):
         for name in pretrained.CIFAR10_CLASSES:
             (root / split / name).mkdir(parents=True)
             for file in sorted(os.listdir(os.path.join(cifar_folder, split, name)))[:count]:
@@ -193,3 +193,36 @@ def test_evaluate_refuses_bad_input(shipped, small_cifar, tmp_path, capsys):
     (small_cifar / "train" / "airplane").rename(small_cifar / "train" / "aeroplane")
     assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(small_cifar)]) == 2
     assert "the data set's classes differ. Received: classes ['aeroplane'," in capsys.readouterr().err
+
+
+@pytest.mark.tensorflow
+def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_path, monkeypatch):
+    from training import cli, zoo
+
+    monkeypatch.setattr(pretrained, "WEIGHTS_DIRECTORY", str(tmp_path / "weights"))
+    monkeypatch.setattr(pretrained, "REGISTRY_FILE", str(tmp_path / "weights" / "registry.json"))
+    run_dir = tmp_path / "run"
+    arguments = ["train", "--config", "cifar10_cpu", "--model", "resnet20", "--data-dir", str(small_cifar),
+                 "--run-dir", str(run_dir), "--set", "batch_size=10", "--set", "duration=1", "--set", "warmup=0"]
+    assert cli.main(arguments) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["command"] == "python -m training " + " ".join(arguments)
+    with pytest.raises(ValueError, match="name must be the run's network, 'resnet20'.*Received: name='resnet20_original'"):
+        zoo.publish(str(run_dir), "resnet20_original")
+
+    entry = zoo.publish(str(run_dir), "resnet20")
+    shipped = tmp_path / "weights" / "cifar10_resnet20.weights.h5"
+    assert entry["file"] == shipped.name and entry["sha256"] == pretrained.sha256(shipped)
+    assert entry["bytes"] == shipped.stat().st_size and entry["parameters"] == 269_722
+    assert abs(entry["test_error"] - summary["test_error"]) <= zoo.AGREEMENT
+    assert entry["command"] == summary["command"] and entry["config"]["model"] == "resnet20"
+    assert pretrained.registry()["cifar10"]["resnet20"] == entry
+    network = keras.saving.load_model(run_dir / "model.keras").layers[-1]
+    loaded = keras_preact.ResNet20(weights="cifar10", classifier_activation=None)
+    for got, want in zip(values(loaded), values(network), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    summary["config"]["validation_examples"] = 500
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match="it held out a validation split"):
+        zoo.publish(str(run_dir), "resnet20")

@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import statistics
 import sys
 
@@ -78,6 +79,15 @@ def parser():
     evaluate_parser.add_argument("--data-dir", help="the image folder, or tensorflow-datasets' data directory")
     evaluate_parser.add_argument("--batch-size", type=int, default=evaluate.BATCH_SIZE,
                                  help=f"images per inference batch (default: {evaluate.BATCH_SIZE})")
+    publish = commands.add_parser(
+        "publish", help="put a finished CIFAR-10 run's network into the model zoo (keras_preact/weights)",
+        description="Save the network of a finished CIFAR-10 run as keras_preact/weights/cifar10_<name>.weights.h5 "
+        "and register it (SHA-256, test error of the saved file, the run's config, command and hours), so that "
+        "keras_preact.get_model(name, weights='cifar10') loads it.",
+    )
+    publish.add_argument("--run-dir", required=True, help="a finished run of `python -m training train`")
+    publish.add_argument("--name", required=True, help="the network's name, e.g. resnet20 or resnet20_original")
+    publish.add_argument("--data-dir", help="the run's data, to evaluate the saved file (default: the run's)")
     export_parser = commands.add_parser(
         "export", help="export a trained run as a SavedModel for TF Serving, then check it on a test image",
         description="Export the model of a finished training run to <output>/<name>/<version>/ with the "
@@ -171,7 +181,7 @@ def config_from(arguments):
     return config
 
 
-def train_seeds(config, run_dir, seeds):
+def train_seeds(config, run_dir, seeds, command=None):
     from training import loop
 
     loop.configure(config)
@@ -179,7 +189,7 @@ def train_seeds(config, run_dir, seeds):
     for seed in range(seeds):
         seeded = dataclasses.replace(config, seed=config.seed + seed)
         directory = run_dir if seeds == 1 else os.path.join(run_dir, f"seed{seeded.seed}")
-        summaries.append(loop.train(seeded, directory))
+        summaries.append(loop.train(seeded, directory, command=command))
     if seeds > 1:
         errors = [100 * summary[f"{summary['evaluated_on']}_error"] for summary in summaries]
         result = dict(seeds=seeds, test_errors=errors, median=statistics.median(errors),
@@ -213,7 +223,8 @@ def main(argv=None):
         run_dir = arguments.run_dir or os.path.join("runs", f"{arguments.config}-{config.model}")
         if arguments.seeds < 1:
             raise ValueError(f"--seeds must be at least 1. Received: --seeds {arguments.seeds}")
-        train_seeds(config, run_dir, arguments.seeds)
+        command = "python -m training " + shlex.join(sys.argv[1:] if argv is None else argv)
+        train_seeds(config, run_dir, arguments.seeds, command)
         return 0
     except Exception as error:
         # Bad input exits with 2, a diverged run with 3, each with its message alone (only a
@@ -234,6 +245,15 @@ def evaluate_command(arguments):
     result = evaluate.evaluate(arguments.model, arguments.weights, arguments.dataset, arguments.data_dir,
                                arguments.batch_size)
     print("\n".join(evaluate.report(arguments.model, arguments.weights, result)))
+    return 0
+
+
+def publish_command(arguments):
+    from training import zoo
+
+    entry = zoo.publish(arguments.run_dir, arguments.name, arguments.data_dir)
+    print(f"Published {arguments.name}: {entry['file']} ({entry['bytes'] / 2**20:.1f} MB, sha256 "
+          f"{entry['sha256'][:16]}), test error {100 * entry['test_error']:.2f} %.")
     return 0
 
 
@@ -284,5 +304,5 @@ def ablate_command(arguments):
     return 0
 
 
-COMMANDS = {"evaluate": evaluate_command, "export": export_command, "serve": serve_command, "query": query_command, "tune": tune_command,
+COMMANDS = {"evaluate": evaluate_command, "publish": publish_command, "export": export_command, "serve": serve_command, "query": query_command, "tune": tune_command,
             "ablate": ablate_command}

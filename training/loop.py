@@ -87,8 +87,9 @@ def synchronize_batch_norm(model):
         layer.synchronized = True
 
 
-def train(config, run_dir, verbose=True):
-    """Trains `config` in `run_dir`, resuming from its last checkpoint; returns the summary.
+def train(config, run_dir, verbose=True, command=None):
+    """Trains `config` in `run_dir`, resuming from its last checkpoint; returns the summary
+    (`command`, the command line that runs it, is recorded there).
 
     Raises:
         TrainingDiverged: if the loss becomes NaN or infinite (no checkpoint is written).
@@ -223,7 +224,7 @@ def train(config, run_dir, verbose=True):
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     if error is None:
         _, error = evaluate()
-    summary = log.finish(config, dataset, model, evaluated_on, error, training_seconds, total_steps)
+    summary = log.finish(config, dataset, model, evaluated_on, error, training_seconds, total_steps, command)
     if verbose:
         print(
             f"Final {evaluated_on} error {100 * error:.2f} % after {total_steps} steps; "
@@ -291,7 +292,7 @@ class TrainingLog:
                     tf.summary.scalar(name, value)
         self.writer.flush()
 
-    def finish(self, config, dataset, model, evaluated_on, error, training_seconds, total_steps):
+    def finish(self, config, dataset, model, evaluated_on, error, training_seconds, total_steps, command=None):
         """summary.json: `test_error` (or `validation_error`, with `evaluated_on` saying which) of the
         final model, `training_hours` of the whole run, this session's seconds and images/s."""
         summary = dict(
@@ -301,7 +302,7 @@ class TrainingLog:
             training_images_per_second=self.images_per_second(),
             weights_sha256=weights_digest(model),
             model=config.model, dataset=config.dataset, class_names=dataset.class_names,
-            image_shape=list(dataset.image_shape), config=dataclasses.asdict(config),
+            image_shape=list(dataset.image_shape), config=dataclasses.asdict(config), command=command,
         )
         if not self.chief:
             return summary

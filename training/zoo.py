@@ -1,0 +1,114 @@
+"""`python -m training publish`: a finished CIFAR-10 run into the model zoo.
+
+Writes the run's network as `keras_preact/weights/cifar10_<name>.weights.h5` (units as
+separate layers, whatever layout it trained in) and its entry in the registry
+(`keras_preact/weights/registry.json`): the file's SHA-256 and size, the network, its
+test error as `python -m training evaluate` measures it on the shipped file (which must
+agree with the run's own final evaluation), the run's config, command and hours, the date
+and the library versions. Then `keras_preact.get_model(name, weights="cifar10")` loads it.
+"""
+
+import datetime
+import json
+import os
+import platform
+
+import keras
+import numpy as np
+
+import keras_preact
+from keras_preact import pretrained
+from training import evaluate
+
+# The shipped file's error and the run's final one are the same network on the same
+# images; they may differ by kernels' rounding only (a prediction or two of 10,000).
+AGREEMENT = 0.001
+# Package data is kept small (DEVELOPERS.md: at most 16 MB a file).
+MAXIMUM_BYTES = 16 * 2**20
+
+
+def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=None):
+    """Publishes the network of the finished run in `run_dir` as `name`'s CIFAR-10 weights.
+
+    Args:
+        run_dir: a finished run of `python -m training train` on CIFAR-10 (all 50,000
+            training images, tested on the test set).
+        name: the network's name in `keras_preact.list_models()` ("resnet20", "resnet20_original", ...).
+        data_dir: the run's data directory (CIFAR-10 JPEG folders or tensorflow-datasets'),
+            for the evaluation of the shipped file; the run's own by default.
+        weights_directory, registry_file: where the files go (the package's by default).
+
+    Returns:
+        The registry entry.
+
+    Raises:
+        ValueError: for a run that is not a finished CIFAR-10 run of that network, or a
+            shipped file whose test error disagrees with the run's.
+        FileNotFoundError: for a missing run.
+    """
+    weights_directory = weights_directory or pretrained.WEIGHTS_DIRECTORY
+    registry_file = registry_file or pretrained.REGISTRY_FILE
+    summary_path = os.path.join(run_dir, "summary.json")
+    if not os.path.isfile(summary_path):
+        raise FileNotFoundError(f"run_dir must be a finished training run (with summary.json). Received: run_dir={run_dir!r}")
+    with open(summary_path) as file:
+        summary = json.load(file)
+    config = summary["config"]
+    problems = []
+    if summary.get("evaluated_on", "test") != "test" or config.get("validation_examples") is not None:
+        problems.append("it held out a validation split (zoo networks train on the whole training set)")
+    if config.get("train_examples") is not None or config.get("test_examples") is not None:
+        problems.append("it used a subset of the data")
+    if summary["class_names"] != list(pretrained.CIFAR10_CLASSES) or tuple(summary["image_shape"]) != (32, 32, 3):
+        problems.append("its data set is not CIFAR-10")
+    if problems:
+        raise ValueError(f"Only finished CIFAR-10 runs are published; {run_dir} is not: {'; '.join(problems)}. "
+                         f"Received: run_dir={run_dir!r}")
+    network = keras.saving.load_model(os.path.join(run_dir, "model.keras")).layers[-1]
+    if network.name != name or name not in keras_preact.MODELS:
+        raise ValueError(f"name must be the run's network, {network.name!r}, a name of keras_preact.list_models(). "
+                         f"Received: name={name!r}")
+    shipped = keras_preact.get_model(name, classes=len(pretrained.CIFAR10_CLASSES))
+    keras_preact.copy_weights(network, shipped)
+    os.makedirs(weights_directory, exist_ok=True)
+    path = os.path.join(weights_directory, f"cifar10_{name}.weights.h5")
+    shipped.save_weights(path)
+    size = os.path.getsize(path)
+    if size > MAXIMUM_BYTES:
+        os.remove(path)
+        raise ValueError(f"{name}'s weights take {size} bytes, more than the package's {MAXIMUM_BYTES}. "
+                         f"Received: name={name!r}")
+    result = evaluate.evaluate(name, path, config["dataset"], data_dir or config["data_dir"])
+    if abs(result["test_error"] - summary["test_error"]) > AGREEMENT:
+        os.remove(path)
+        raise ValueError(
+            f"The shipped file's test error ({100 * result['test_error']:.2f} %) differs from the run's "
+            f"({100 * summary['test_error']:.2f} %): the network or its preprocessing is not the run's."
+        )
+    entry = dict(
+        file=os.path.basename(path), sha256=pretrained.sha256(path), bytes=size,
+        parameters=sum(int(np.prod(weight.shape)) for weight in shipped.trainable_weights),
+        test_error=round(result["test_error"], 6),
+        per_class_accuracy={label: round(value, 4) for label, value in result["per_class_accuracy"].items()},
+        data="CIFAR-10 as JPEG (quality 75): 50,000 training and 10,000 test images (shared/data/cifar10-jpeg.tar.xz)",
+        command=summary.get("command"), config=config, training_hours=summary.get("training_hours"),
+        training_images_per_second=round(summary["training_images_per_second"], 1),
+        date=datetime.date.today().isoformat(),
+        versions=dict(keras_preact=keras_preact.__version__, keras=keras.__version__, backend=keras.backend.backend(),
+                      tensorflow=_tensorflow_version(), python=platform.python_version()),
+    )
+    registry = {}
+    if os.path.isfile(registry_file):
+        with open(registry_file) as file:
+            registry = json.load(file)
+    registry.setdefault("cifar10", {})[name] = entry
+    with open(registry_file, "w") as file:
+        json.dump(registry, file, indent=2, sort_keys=True)
+        file.write("\n")
+    return entry
+
+
+def _tensorflow_version():
+    import tensorflow as tf
+
+    return tf.__version__

@@ -128,7 +128,19 @@ def test_reloaded_signatures_match_the_keras_model(tmp_path, name, build, prepro
     assert_signatures_match(network, path, preprocessing, class_names, pixels, top_k)
 
 
+@pytest.fixture
+def without_remapping():
+    """Grappler's remapper off: it fuses each convolution with the fused BatchNorm that follows
+    in the SavedModel's graph (oneDNN's _FusedConv2D), which rounds otherwise than the two ops
+    run apart, and an untrained ResNet-1001 turns that 1e-7 into 0.5 % of its logits (measured;
+    0.0 without the remapper). The ResNet-1001 tests check what the export builds, exactly."""
+    tf.config.optimizer.set_experimental_options({"remapping": False})
+    yield
+    tf.config.optimizer.set_experimental_options({"remapping": True})
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("without_remapping")
 def test_resnet1001_with_set_statistics_exports_exactly(tmp_path):
     """ResNet-1001 in inference mode: finite, and every signature equal to Keras (about 3 min;
     the default run exports ResNet-1001 with its units as loops, below)."""
@@ -138,6 +150,7 @@ def test_resnet1001_with_set_statistics_exports_exactly(tmp_path):
     assert_signatures_match(network, path, CIFAR, CIFAR_CLASSES, pixels)
 
 
+@pytest.mark.usefixtures("without_remapping")
 def test_resnet1001_in_loops_exports_exactly(tmp_path):
     """The same with units in loops: about 30 s where one layer per unit takes minutes."""
     pixels = random_pixels(8, CIFAR, seed=2)

@@ -11,6 +11,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CIFAR_ARCHIVE = os.path.join(ROOT, "..", "shared", "data", "cifar10-jpeg.tar.xz")
 
 
+# Saving and loading the deepest networks takes 60-90 s each on a 2-core CPU: those four
+# run with -m slow (the other 26 registered networks' save and load stay in the default run).
+SLOW_PARAMETERS = {"test_keras_save_and_load_give_identical_outputs": {"resnet1001", "resnet1001_original",
+                                                                      "resnet1202", "resnet1202_original"}}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Marks the parameters of SLOW_PARAMETERS slow, before `-m` selects."""
+    for item in items:
+        name, _, parameter = item.name.partition("[")
+        if parameter.rstrip("]") in SLOW_PARAMETERS.get(name, ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _seeded():
     keras.utils.set_random_seed(1603)

@@ -133,7 +133,7 @@ class BatchNorm(keras.layers.BatchNormalization):
             else:
                 self.update_moving_statistics(mean, variance)
         else:
-            mean, variance = (ops.cast(statistic, inputs.dtype) for statistic in (self.moving_mean, self.moving_variance))
+            mean, variance = (ops.cast(self.moving_mean, inputs.dtype), ops.cast(self.moving_variance, inputs.dtype))
             if fused:
                 outputs = _tensorflow_fused_batch_norm(inputs, gamma, beta, self.epsilon, mean, variance)
             else:

@@ -147,7 +147,8 @@ def decode_predictions(predictions, top=5, dataset="cifar10"):
     if not isinstance(top, int) or isinstance(top, bool) or not 1 <= top <= len(names):
         raise ValueError(f"top must be an integer from 1 to {len(names)}. Received: top={top!r}")
     ranked = (-predictions).argsort(axis=1, kind="stable")[:, :top]
-    return [[(int(index), names[index], float(row[index])) for index in order] for row, order in zip(predictions, ranked)]
+    return [[(int(index), names[index], float(row[index])) for index in order]
+            for row, order in zip(predictions, ranked)]
 
 
 def _dataset(dataset):

@@ -207,7 +207,8 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     assert cli.main(arguments) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["command"] == "python -m training " + " ".join(arguments)
-    with pytest.raises(ValueError, match="name must be the run's network, 'resnet20'.*Received: name='resnet20_original'"):
+    with pytest.raises(ValueError, match="name must be the run's network, 'resnet20'.*"
+                                         "Received: name='resnet20_original'"):
         zoo.publish(str(run_dir), "resnet20_original")
 
     entry = zoo.publish(str(run_dir), "resnet20")

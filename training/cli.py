@@ -304,5 +304,6 @@ def ablate_command(arguments):
     return 0
 
 
-COMMANDS = {"evaluate": evaluate_command, "publish": publish_command, "export": export_command, "serve": serve_command, "query": query_command, "tune": tune_command,
+COMMANDS = {"evaluate": evaluate_command, "publish": publish_command, "export": export_command,
+            "serve": serve_command, "query": query_command, "tune": tune_command,
             "ablate": ablate_command}

@@ -251,13 +251,14 @@ CONFIGS = {
     "imagenet_paper": Config(
         model="resnet200", dataset="imagenet2012", image_size=224, batch_size=256, reference_batch_size=256,
         schedule_unit="epochs", duration=90, decay_boundaries=(30, 60), warmup=0, crop_padding=0,
-        normalization_mean=defaults.IMAGENET_MEAN, normalization_std=defaults.IMAGENET_STD, evaluate_every=5000, log_every=100,
+        normalization_mean=defaults.IMAGENET_MEAN, normalization_std=defaults.IMAGENET_STD, evaluate_every=5000,
+        log_every=100,
     ),
     # The zoo's recipe on a CPU (keras_preact.weights): the paper's CIFAR-10 recipe (SGD
-    # momentum 0.9, lr 0.1 after 400 iterations at 0.01, weight decay 1e-4, batch 128,
-    # 4-pixel crops and flips) on CIFAR-10 as JPEG folders, the schedule shortened to 30
-    # epochs (the paper: 164), /10 at half and three quarters of it as the paper's 32k and
-    # 48k of 64k. The schedules compared for it (README, Model zoo) hold out a validation
+    # momentum 0.9, lr 0.1 after a first epoch at 0.01 (the paper: 400 iterations),
+    # weight decay 1e-4, batch 128, 4-pixel crops and flips) on CIFAR-10 as JPEG folders,
+    # the schedule shortened to 30 epochs (the paper: 164), /10 at half and three quarters
+    # of it as the paper's 32k and 48k of 64k. The schedules compared for it (README, Model zoo) hold out a validation
     # split of the training set:
     #   python -m training train --config cifar10_cpu --model resnet20 \
     #       --data-dir ~/.cache/keras-preact/cifar10-jpeg --set validation_examples=5000

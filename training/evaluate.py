@@ -47,9 +47,10 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=BA
         config = config.override(f"data_dir={data_dir}")
     test_set = data.load(config)
     names = list(test_set.class_names)
-    if weights in keras_preact.pretrained.DATASETS and names != list(keras_preact.pretrained.DATASETS[weights]["classes"]):
-        raise ValueError(f"The {weights} weights classify {list(keras_preact.pretrained.DATASETS[weights]['classes'])}; "
-                         f"the data set's classes differ. Received: classes {names}")
+    shipped_classes = keras_preact.pretrained.DATASETS.get(weights, {}).get("classes")
+    if shipped_classes and names != list(shipped_classes):
+        raise ValueError(f"The {weights} weights classify {list(shipped_classes)}; the data set's classes differ. "
+                         f"Received: classes {names}")
     model = keras_preact.get_model(model_name, weights=weights, include_preprocessing=True, classes=len(names),
                                    input_shape=test_set.image_shape, classifier_activation=None)
     correct, counts = np.zeros(len(names), "int64"), np.zeros(len(names), "int64")

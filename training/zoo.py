@@ -50,7 +50,8 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
     registry_file = registry_file or pretrained.REGISTRY_FILE
     summary_path = os.path.join(run_dir, "summary.json")
     if not os.path.isfile(summary_path):
-        raise FileNotFoundError(f"run_dir must be a finished training run (with summary.json). Received: run_dir={run_dir!r}")
+        raise FileNotFoundError(f"run_dir must be a finished training run (with summary.json). "
+                                f"Received: run_dir={run_dir!r}")
     with open(summary_path) as file:
         summary = json.load(file)
     config = summary["config"]

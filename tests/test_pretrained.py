@@ -2,6 +2,8 @@
 
 import json
 import os
+import pathlib
+import re
 
 import keras
 import numpy as np
@@ -10,6 +12,8 @@ import pytest
 import keras_preact
 from keras_preact import defaults, pretrained
 from tests.conftest import random_images
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -227,3 +231,46 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     (run_dir / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(ValueError, match="it held out a validation split"):
         zoo.publish(str(run_dir), "resnet20")
+
+
+@pytest.mark.tensorflow
+def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipped, tmp_path, capsys):
+    import tensorflow as tf
+
+    from training import cli, export
+
+    trained, _ = shipped
+    images = sorted(str(path) for path in (ROOT / "docs" / "cifar10").glob("*.jpg"))
+    assert len(images) == 10  # one real CIFAR-10 test image per class
+    arguments = ["export", "--model", "resnet20", "--weights", "cifar10", "--output", str(tmp_path), "--images"]
+    assert cli.main(arguments + images) == 0
+    printed = capsys.readouterr().out.splitlines()
+    version = tmp_path / "cifar10_resnet20" / "1"
+    metadata = export.read_metadata(str(version))
+    assert metadata["model"] == "resnet20" and metadata["test_error"] == 0.5
+    assert metadata["weights"]["sha256"] == pretrained.registry()["cifar10"]["resnet20"]["sha256"]
+    pixels = np.stack([np.array(tf.io.decode_jpeg(tf.io.read_file(image), channels=3)) for image in images])
+    probabilities = np.array(trained(keras_preact.preprocess_input(pixels), training=False))
+    expected = keras_preact.decode_predictions(probabilities, top=3)
+    classified = export.classify(str(version), export.read_image_files(images))
+    for image, ranked, want, line in zip(images, classified, expected, printed[-10:], strict=True):
+        assert [name for name, _ in ranked[:3]] == [name for _, name, _ in want]
+        np.testing.assert_allclose([score for _, score in ranked[:3]], [score for *_, score in want], atol=1e-5)
+        assert line.replace(",", "").split() == [image, *[part for name, score in ranked[:3] for part in (name, f"{score:.1%}")]]
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("arguments, message", [
+    (["--model", "resnet20"], "export needs either --run-dir .* or --model with --weights"),
+    (["--run-dir", "runs/demo", "--model", "resnet20", "--weights", "cifar10"], "export needs either"),
+    (["--model", "resnet56", "--weights", "cifar10"], "ships cifar10 weights for these networks only, .*: resnet20. "
+                                                      "Received: model='resnet56'"),
+    (["--model", "resnet20", "--weights", "cifar10", "--images", "nowhere.jpg"], "No image file 'nowhere.jpg'"),
+    (["--model", "resnet20", "--weights", "cifar10", "--images", __file__],
+     "test_pretrained.py is not a JPEG, PNG, GIF or BMP image TensorFlow decodes"),
+])
+def test_export_of_shipped_weights_refuses_bad_input(shipped, tmp_path, capsys, arguments, message):
+    from training import cli
+
+    assert cli.main(["export", "--output", str(tmp_path), *arguments]) == 2
+    assert re.search(message, capsys.readouterr().err)

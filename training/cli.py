@@ -7,6 +7,7 @@
     python -m training configs                                    # the configs and their fields
     python -m training evaluate --model resnet20 --weights cifar10 --data-dir DIR   # test error, per class
     python -m training export --run-dir runs/demo                 # a SavedModel for TF Serving
+    python -m training export --model resnet20 --weights cifar10 --images docs/cifar10/*.jpg   # shipped weights
     python -m training serve saved_models/digits_resnet20         # TF Serving's REST API, locally
     python -m training query --model digits_resnet20 digit.png    # top-k classes from a server
     python -m training tune --config cifar10_paper --data-dir ~/tensorflow_datasets   # Table 1's b_g search
@@ -88,13 +89,30 @@ def parser():
     publish.add_argument("--run-dir", required=True, help="a finished run of `python -m training train`")
     publish.add_argument("--name", required=True, help="the network's name, e.g. resnet20 or resnet20_original")
     publish.add_argument("--data-dir", help="the run's data, to evaluate the saved file (default: the run's)")
-    export_parser = commands.add_parser(
-        "export", help="export a trained run as a SavedModel for TF Serving, then check it on a test image",
-        description="Export the model of a finished training run to <output>/<name>/<version>/ with the "
-        "signatures serving_default (encoded images), predict_pixels (uint8) and predict_normalized (float), "
-        "and metadata.json; reload it and print its prediction on the first test image of the run's data.",
+    compare = commands.add_parser(
+        "compare", help="finished runs side by side: final error, hours, a time-to-accuracy plot",
+        description="Compare finished runs (e.g. one network under different schedules, evaluated on a "
+        "validation split): write time_to_accuracy.png (error against training hours) and comparison.md "
+        "(final error, hours, hours to come within a point of the best) to --output.",
     )
-    export_parser.add_argument("--run-dir", required=True, help="a finished run of `python -m training train`")
+    compare.add_argument("run_dirs", nargs="+", help="finished runs of `python -m training train`")
+    compare.add_argument("--output", default=os.path.join("runs", "compare"), help="default: runs/compare")
+    compare.add_argument("--images-per-second", type=float,
+                         help="the runs' measured training rate on this machine, for their hours (default: "
+                         "each run's logged hours, which count stretches that shared the CPU)")
+    export_parser = commands.add_parser(
+        "export", help="export a trained run or shipped weights as a SavedModel for TF Serving, then check it",
+        description="Export the model of a finished training run (--run-dir), or a network with keras-preact's "
+        "shipped weights (--model, --weights cifar10), to <output>/<name>/<version>/ with the signatures "
+        "serving_default (encoded images), predict_pixels (uint8) and predict_normalized (float), and "
+        "metadata.json; reload it and print its classes for --images, or else for the first test image of the "
+        "run's data.",
+    )
+    export_parser.add_argument("--run-dir", help="a finished run of `python -m training train`")
+    export_parser.add_argument("--model", help="a network with shipped weights, e.g. resnet20 (with --weights)")
+    export_parser.add_argument("--weights", choices=["cifar10"], help="the shipped weights of --model")
+    export_parser.add_argument("--images", nargs="+", metavar="IMAGE",
+                               help="image files (JPEG, PNG, GIF, BMP) to classify with the reloaded SavedModel")
     export_parser.add_argument("--output", default=export.DEFAULT_DIRECTORY,
                                 help=f"folder of exported models (default: {export.DEFAULT_DIRECTORY})")
     export_parser.add_argument("--name", help="model name, the folder TF Serving serves (default: <dataset>_<model>)")
@@ -257,15 +275,45 @@ def publish_command(arguments):
     return 0
 
 
+def compare_command(arguments):
+    from training import compare
+
+    table = compare.compare(arguments.run_dirs, arguments.output, arguments.images_per_second)
+    for row in table:
+        print(f"{row['run']}: {row['schedule']} schedule, {row['duration']}, final error {row['error']:.2f} %, "
+              f"{row['hours']:.2f} hours")
+    print(f"Plot and table in {arguments.output} (time_to_accuracy.png, comparison.md).")
+    return 0
+
+
 def export_command(arguments):
-    """Exports a run, reloads the SavedModel and prints its prediction on a real test image."""
+    """Exports a run or shipped weights, reloads the SavedModel and prints its classes of images."""
     from training import export
 
-    path = export.export_run(arguments.run_dir, arguments.output, arguments.name, arguments.version, arguments.top_k)
-    image, label = export.example_image(arguments.run_dir)
-    outputs = export.predict_encoded(path, [image])
-    ranked = ", ".join(f"{name.decode()} {score:.1%}" for name, score in zip(outputs["classes"][0], outputs["scores"][0]))
-    print(f"The reloaded SavedModel on the first test image (a {label!r}, {len(image)} bytes encoded): {ranked}.")
+    if (arguments.run_dir is None) == (arguments.model is None) or (arguments.model is None) != (
+            arguments.weights is None):
+        raise ValueError("export needs either --run-dir (a finished run) or --model with --weights (shipped "
+                         f"weights). Received: --run-dir {arguments.run_dir}, --model {arguments.model}, "
+                         f"--weights {arguments.weights}")
+    images = export.read_image_files(arguments.images or [])
+    if arguments.run_dir is not None:
+        path = export.export_run(arguments.run_dir, arguments.output, arguments.name, arguments.version,
+                                 arguments.top_k)
+    else:
+        path = export.export_shipped(arguments.model, arguments.weights, arguments.output, arguments.name,
+                                     arguments.version, arguments.top_k)
+    if arguments.images:
+        width = max(len(image) for image in arguments.images)
+        print("The reloaded SavedModel's classes:")
+        for image, ranked in zip(arguments.images, export.classify(path, images)):
+            print(f"  {image:<{width}}  " + ", ".join(f"{name} {score:.1%}" for name, score in ranked[:3]))
+    elif arguments.run_dir is not None:
+        image, label = export.example_image(arguments.run_dir)
+        outputs = export.predict_encoded(path, [image])
+        ranked = ", ".join(f"{name.decode()} {score:.1%}"
+                           for name, score in zip(outputs["classes"][0], outputs["scores"][0]))
+        print(f"The reloaded SavedModel on the first test image (a {label!r}, {len(image)} bytes encoded): "
+              f"{ranked}.")
     return 0
 
 
@@ -304,6 +352,6 @@ def ablate_command(arguments):
     return 0
 
 
-COMMANDS = {"evaluate": evaluate_command, "publish": publish_command, "export": export_command,
+COMMANDS = {"compare": compare_command, "evaluate": evaluate_command, "publish": publish_command, "export": export_command,
             "serve": serve_command, "query": query_command, "tune": tune_command,
             "ablate": ablate_command}

@@ -27,6 +27,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import keras_preact
+from keras_preact import pretrained
 from training import configs, data, recipe
 
 SIGNATURES = ("serving_default", "predict_pixels", "predict_normalized")
@@ -284,6 +286,56 @@ def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k
     return export_saved_model(network, os.path.join(output, name), summary["class_names"], preprocessing,
                               version=version, top_k=top_k, metadata=metadata,
                               normalization=training_model.get_layer("normalization"), verbose=verbose)
+
+
+def export_shipped(model_name, dataset="cifar10", output=DEFAULT_DIRECTORY, name=None, version=None,
+                   top_k=DEFAULT_TOP_K, verbose=True):
+    """Exports a network with keras-preact's shipped weights (`keras_preact.pretrained`),
+    normalised with its data set's statistics, with the registry's facts in its metadata.
+    The name defaults to "<dataset>_<model>", as a run's.
+
+    Raises:
+        ValueError: for a network that has no weights for `dataset` (the message lists
+            those that have), or a shipped file that fails its SHA-256 check.
+    """
+    network = keras_preact.get_model(model_name, weights=dataset)
+    facts = pretrained.DATASETS[dataset]
+    entry = pretrained.registry()[dataset][model_name]
+    preprocessing = Preprocessing(facts["input_shape"][0], facts["input_shape"][-1], tuple(facts["mean"]),
+                                  tuple(facts["std"]))
+    metadata = dict(model=model_name, dataset=dataset, test_error=entry["test_error"],
+                    weights=dict(file=entry["file"], sha256=entry["sha256"]),
+                    training_config=entry.get("config"))
+    return export_saved_model(network, os.path.join(output, name or f"{dataset}_{model_name}"), facts["classes"],
+                              preprocessing, version=version, top_k=top_k, metadata=metadata, verbose=verbose)
+
+
+def read_image_files(paths):
+    """The bytes of image files, each checked to decode.
+
+    Raises:
+        FileNotFoundError: for a missing file.
+        ValueError: for a file that is not an image TensorFlow decodes (named).
+    """
+    encoded = []
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No image file {path!r}.")
+        with open(path, "rb") as file:
+            encoded.append(file.read())
+        try:
+            tf.io.decode_image(encoded[-1], expand_animations=False)
+        except tf.errors.InvalidArgumentError as error:
+            raise ValueError(f"{path} is not a JPEG, PNG, GIF or BMP image TensorFlow decodes: "
+                             f"{error.message.splitlines()[0]}") from None
+    return encoded
+
+
+def classify(version_path, encoded_images):
+    """The reloaded SavedModel's top classes of encoded images: per image [(class, score), ...]."""
+    outputs = predict_encoded(version_path, encoded_images)
+    return [[(name.decode(), float(score)) for name, score in zip(classes, scores)]
+            for classes, scores in zip(outputs["classes"], outputs["scores"])]
 
 
 def run_config(summary):

@@ -39,3 +39,31 @@ def training_curves(csv_path, png_path, title=""):
     figure.savefig(png_path)
     plt.close(figure)
     return png_path
+
+
+def time_to_accuracy(runs, png_path, title=""):
+    """Evaluated error (%) against training hours, one line per run, for comparing schedules.
+
+    Args:
+        runs: {label: (log rows, hours per training step)}: each run's `read_log` rows and the
+            time one step takes on the machine compared (the same measured rate for runs of
+            the same network, so that stretches where a run shared the CPU do not count).
+    Returns `png_path`.
+    """
+    figure, axis = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for label, (rows, hours_per_step) in runs.items():
+        split = "validation" if any(row.get("validation_error") for row in rows) else "test"
+        evaluated = [row for row in rows if row[f"{split}_error"]]
+        axis.plot([int(row["step"]) * hours_per_step for row in evaluated],
+                  [100 * float(row[f"{split}_error"]) for row in evaluated], "-", marker="o", markersize=3,
+                  linewidth=1.5, label=f"{label} ({split})")
+    axis.set_xlabel("training hours on this machine")
+    axis.set_ylabel("error (%)")
+    axis.set_ylim(bottom=0)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="upper right")
+    axis.set_title(title)
+    figure.tight_layout()
+    figure.savefig(png_path)
+    plt.close(figure)
+    return png_path

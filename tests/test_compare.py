@@ -1,0 +1,54 @@
+"""`python -m training compare`: finished runs side by side, error against hours."""
+
+import json
+
+import pytest
+
+from training import cli, compare
+
+HEADER = "step,epoch,loss,accuracy,learning_rate,test_loss,test_error,images_per_second,validation_loss," \
+         "validation_error,hours\n"
+
+
+def write_run(directory, schedule, errors, hours):
+    """A finished run that evaluated on validation after steps 100, 200, ... with `errors`."""
+    directory.mkdir()
+    rows = [f"{100 * (index + 1)},{index + 1},0.5,0.8,0.1,,,100,0.6,{error},{hours * (index + 1) / len(errors)}"
+            for index, error in enumerate(errors)]
+    (directory / "log.csv").write_text(HEADER + "\n".join(rows) + "\n")
+    summary = dict(evaluated_on="validation", validation_error=errors[-1], steps=100 * len(errors),
+                   training_hours=hours, config=dict(schedule=schedule, duration=len(errors), schedule_unit="epochs",
+                                                     batch_size=128))
+    (directory / "summary.json").write_text(json.dumps(summary))
+    return str(directory)
+
+
+def test_compare_tables_final_error_and_hours_to_come_close(tmp_path, capsys):
+    step = write_run(tmp_path / "step", "step", [0.40, 0.30, 0.10], hours=3.0)
+    cosine = write_run(tmp_path / "cosine", "cosine", [0.30, 0.105, 0.095], hours=6.0)
+    table = compare.compare([step, cosine], str(tmp_path / "out"))
+    # The best final error is 9.5 %; within a point: 10.5 %, reached at step 200 by cosine
+    # (2 of its 3 equal hours) and at step 300 by step.
+    assert [(row["run"], row["schedule"], row["duration"]) for row in table] == [
+        ("step", "step", "3 epochs"), ("cosine", "cosine", "3 epochs")]
+    assert [row["error"] for row in table] == pytest.approx([10.0, 9.5])
+    assert [row["hours"] for row in table] == pytest.approx([3.0, 6.0])
+    assert [row["hours_to_close"] for row in table] == pytest.approx([3.0, 4.0])
+    # A measured rate replaces the logged hours: 300 steps of 128 images at 3,600 images/s.
+    table = compare.compare([step, cosine], str(tmp_path / "out"), images_per_second=3600)
+    assert [row["hours"] for row in table] == pytest.approx([128 * 300 / 3600 / 3600] * 2)
+    assert (tmp_path / "out" / "time_to_accuracy.png").stat().st_size > 10_000
+    markdown = (tmp_path / "out" / "comparison.md").read_text().splitlines()
+    assert markdown[0] == "| run | schedule | duration | final validation error | hours | hours to 10.50 % |"
+    assert markdown[2] == "| step | step | 3 epochs | 10.00 % | 0.00 | 0.00 |"
+
+    assert cli.main(["compare", step, cosine, "--output", str(tmp_path / "cli")]) == 0
+    assert "cosine: cosine schedule, 3 epochs, final error 9.50 %, 6.00 hours" in capsys.readouterr().out
+
+
+def test_compare_refuses_unfinished_runs_and_bad_rates(tmp_path, capsys):
+    assert cli.main(["compare", str(tmp_path / "nowhere")]) == 2
+    assert "compare needs finished runs (summary.json and log.csv)" in capsys.readouterr().err
+    run = write_run(tmp_path / "run", "step", [0.2], hours=1.0)
+    assert cli.main(["compare", run, "--images-per-second", "0"]) == 2
+    assert "images_per_second must be positive. Received: 0.0" in capsys.readouterr().err

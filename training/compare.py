@@ -1,0 +1,80 @@
+"""`python -m training compare`: finished runs side by side, error against training hours.
+
+Used to pick the zoo's schedule (issue 12): runs of the same network under different
+schedules, each evaluated on a validation split held out of the training set, compared on
+their final error and on the hours each needs to come within a margin of the best final
+error. Hours are steps x batch / a measured training rate where one is given (runs that
+shared the CPU with other jobs logged slower stretches that say nothing of the schedule),
+else the run's own logged hours.
+"""
+
+import json
+import os
+
+from training import plots
+
+# "Close to the best": within this many points of the lowest final error of the runs compared.
+MARGIN_POINTS = 1.0
+
+
+def load_run(run_dir):
+    """(summary, log rows) of a finished run.
+
+    Raises:
+        FileNotFoundError: if `run_dir` holds no finished run.
+    """
+    paths = [os.path.join(run_dir, file) for file in ("summary.json", "log.csv")]
+    if not all(os.path.isfile(path) for path in paths):
+        raise FileNotFoundError(f"compare needs finished runs (summary.json and log.csv). Received: {run_dir!r}")
+    with open(paths[0]) as file:
+        return json.load(file), plots.read_log(paths[1])
+
+
+def compare(run_dirs, output, images_per_second=None):
+    """Writes `time_to_accuracy.png` and `comparison.md` to `output`; returns the table's rows.
+
+    Args:
+        run_dirs: finished runs of `python -m training train`.
+        output: folder for the plot and the table.
+        images_per_second: the measured training rate of the runs' network on this machine
+            (default: each run's own logged hours).
+    """
+    if len(run_dirs) < 1:
+        raise ValueError("compare needs at least one run directory. Received: none")
+    if images_per_second is not None and not images_per_second > 0:
+        raise ValueError(f"images_per_second must be positive. Received: {images_per_second!r}")
+    runs = {}
+    for run_dir in run_dirs:
+        summary, rows = load_run(run_dir)
+        label = os.path.basename(os.path.normpath(run_dir))
+        if images_per_second is None:
+            hours_per_step = summary["training_hours"] / summary["steps"]
+        else:
+            hours_per_step = summary["config"]["batch_size"] / images_per_second / 3600
+        runs[label] = (summary, rows, hours_per_step)
+    split = {summary.get("evaluated_on", "test") for summary, _, _ in runs.values()}
+    if len(split) != 1:
+        raise ValueError(f"compare needs runs evaluated on the same split. Received: {sorted(split)}")
+    split = split.pop()
+    best = min(100 * summary[f"{split}_error"] for summary, _, _ in runs.values())
+    table = []
+    for label, (summary, rows, hours_per_step) in runs.items():
+        evaluated = [(int(row["step"]), 100 * float(row[f"{split}_error"])) for row in rows if row[f"{split}_error"]]
+        close = next((step for step, error in evaluated if error <= best + MARGIN_POINTS), None)
+        table.append(dict(run=label, schedule=summary["config"].get("schedule", "step"),
+                          duration=f"{summary['config']['duration']:g} {summary['config']['schedule_unit']}",
+                          error=100 * summary[f"{split}_error"],
+                          hours=summary["steps"] * hours_per_step,
+                          hours_to_close=None if close is None else close * hours_per_step))
+    os.makedirs(output, exist_ok=True)
+    plots.time_to_accuracy({label: (rows, hours_per_step) for label, (_, rows, hours_per_step) in runs.items()},
+                           os.path.join(output, "time_to_accuracy.png"), title=f"{split} error against hours")
+    lines = [f"| run | schedule | duration | final {split} error | hours | hours to {best + MARGIN_POINTS:.2f} % |",
+             "|---|---|---|---|---|---|"]
+    for row in table:
+        reached = "not reached" if row["hours_to_close"] is None else f"{row['hours_to_close']:.2f}"
+        lines.append(f"| {row['run']} | {row['schedule']} | {row['duration']} | {row['error']:.2f} % | "
+                     f"{row['hours']:.2f} | {reached} |")
+    with open(os.path.join(output, "comparison.md"), "w") as file:
+        file.write("\n".join(lines) + "\n")
+    return table

@@ -274,3 +274,37 @@ def test_export_of_shipped_weights_refuses_bad_input(shipped, tmp_path, capsys, 
 
     assert cli.main(["export", "--output", str(tmp_path), *arguments]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+SHIPPED = pretrained.shipped_networks("cifar10")
+NOTHING_SHIPPED = pytest.param(None, marks=pytest.mark.skip(
+    reason="no network's trained weights are shipped yet (keras_preact/weights/registry.json)"))
+
+
+@pytest.mark.parametrize("name", SHIPPED or [NOTHING_SHIPPED])
+def test_shipped_network_gives_its_registry_error_on_the_cifar10_test_set(cifar_folder, name):
+    """The accuracy the registry states, measured again on all 10,000 CIFAR-10 test JPEGs, on
+    whichever backend runs the tests."""
+    from training import evaluate
+
+    entry = pretrained.registry()["cifar10"][name]
+    result = evaluate.evaluate(name, "cifar10", data_dir=cifar_folder)
+    assert result["images"] == 10_000
+    assert abs(result["test_error"] - entry["test_error"]) <= 0.001  # 0.1 points
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("name", SHIPPED[:1] or [NOTHING_SHIPPED])
+def test_exported_shipped_network_classifies_real_jpegs_as_keras(cifar_folder, tmp_path, name):
+    import tensorflow as tf
+
+    from training import export
+
+    paths = [os.path.join(cifar_folder, "test", label, f"{index:04d}.jpg")
+             for label in pretrained.CIFAR10_CLASSES for index in range(10)]
+    version = export.export_shipped(name, output=str(tmp_path), verbose=False)
+    classified = export.classify(version, export.read_image_files(paths))
+    pixels = np.stack([np.array(tf.io.decode_jpeg(tf.io.read_file(path), channels=3)) for path in paths])
+    model = keras_preact.get_model(name, weights="cifar10", include_preprocessing=True)
+    expected = keras_preact.decode_predictions(model.predict(pixels, verbose=0), top=1)
+    assert [ranked[0][0] for ranked in classified] == [best[0][1] for best in expected]

@@ -5,47 +5,51 @@ Reference:
     https://arxiv.org/abs/1603.05027
 """
 
-from keras_preact import analysis, architectures, defaults, merges, pretrained, shortcuts, stacked, units
-from keras_preact.architectures import ARCHITECTURES, Architecture
-from keras_preact.merges import (
-    Addition,
-    ConstantScaling,
-    ExclusiveGating,
-    NoShortcut,
-    ShortcutDropout,
-    ShortcutOnlyGating,
-)
-from keras_preact.models import (
-    MODELS,
-    CifarResNet,
-    ResNet,
-    ResNet18,
-    ResNet20,
-    ResNet32,
-    ResNet34,
-    ResNet44,
-    ResNet50,
-    ResNet56,
-    ResNet101,
-    ResNet110,
-    ResNet110OneLayer,
-    ResNet152,
-    ResNet164,
-    ResNet200,
-    ResNet1001,
-    ResNet1202,
-    copy_weights,
-    get_model,
-    list_models,
-)
-from keras_preact.pretrained import decode_predictions, preprocess_input
-from keras_preact.stacked import StackedUnits
-from keras_preact.units import (
-    BatchNormAfterAdditionUnit,
-    OriginalUnit,
-    PreActivationUnit,
-    ReLUBeforeAdditionUnit,
-    ReLUOnlyPreActivationUnit,
-)
+import importlib
 
+import wrapt
+
+# The public names and the module each lives in, imported on first use (PEP 562): importing
+# keras_preact, or a light module such as `keras_preact.defaults`, imports neither Keras nor
+# its backend until a layer or network is asked for (`python -m training --help` answers at
+# once).
+_SUBMODULES = ("analysis", "architectures", "blocks", "defaults", "merges", "models", "pretrained", "shortcuts",
+               "stacked", "units")
+_NAMES = {
+    "architectures": ("ARCHITECTURES", "Architecture"),
+    "merges": ("Addition", "ConstantScaling", "ExclusiveGating", "NoShortcut", "ShortcutDropout",
+               "ShortcutOnlyGating"),
+    "models": ("MODELS", "CifarResNet", "ResNet", "ResNet18", "ResNet20", "ResNet32", "ResNet34", "ResNet44",
+               "ResNet50", "ResNet56", "ResNet101", "ResNet110", "ResNet110OneLayer", "ResNet152", "ResNet164",
+               "ResNet200", "ResNet1001", "ResNet1202", "copy_weights", "get_model", "list_models"),
+    "pretrained": ("decode_predictions", "preprocess_input"),
+    "stacked": ("StackedUnits",),
+    "units": ("BatchNormAfterAdditionUnit", "OriginalUnit", "PreActivationUnit", "ReLUBeforeAdditionUnit",
+              "ReLUOnlyPreActivationUnit"),
+}
+_MODULE_OF = {name: module for module, names in _NAMES.items() for name in names}
+
+__all__ = sorted(_MODULE_OF) + list(_SUBMODULES)
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(f"keras_preact.{_MODULE_OF[name]}"), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"keras_preact.{name}")
+    else:
+        raise AttributeError(f"module 'keras_preact' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+@wrapt.when_imported("keras")
+def _register_layers(_):
+    """Once Keras is imported (now, if it was before keras_preact), the layers register with it,
+    so that `keras.saving.load_model` finds them in a process that never named one."""
+    importlib.import_module("keras_preact.models")

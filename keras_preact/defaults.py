@@ -6,7 +6,6 @@ arXiv:1603.05027) and its official Torch code (github.com/KaimingHe/resnet-1k-la
 which builds on facebook/fb.resnet.torch).
 """
 
-import keras
 
 # Torch's BatchNorm defaults, used by the official code: momentum 0.1 for the new batch,
 # which is Keras' momentum 0.9 for the running average, and epsilon 1e-5.
@@ -34,6 +33,8 @@ def conv_initializer():
     `resnet-1k-layers` draws every convolution kernel from
     normal(0, sqrt(2 / (k * k * filters_out))): a fan-out, untruncated normal.
     """
+    import keras  # here: the constants import without Keras (see keras_preact/__init__.py)
+
     return keras.initializers.VarianceScaling(
         scale=2.0, mode="fan_out", distribution="untruncated_normal"
     )
@@ -51,6 +52,8 @@ def weight_regularizer(weight_decay):
     """
     if weight_decay == 0:
         return None
+    import keras
+
     return keras.regularizers.L2(weight_decay / 2)
 
 

@@ -1,3 +1,4 @@
+import fcntl
 import os
 import tarfile
 
@@ -116,9 +117,13 @@ def cifar_folder():
         pytest.skip(f"CIFAR-10 JPEG archive not found at {os.path.normpath(CIFAR_ARCHIVE)} (see shared/data/README.md)")
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "keras-preact")
     folder = os.path.join(cache, "cifar10-jpeg")
-    if not os.path.exists(os.path.join(cache, "cifar10-jpeg.done")):
-        os.makedirs(cache, exist_ok=True)
-        with tarfile.open(CIFAR_ARCHIVE, "r:xz") as archive:
-            archive.extractall(cache, filter="data")
-        open(os.path.join(cache, "cifar10-jpeg.done"), "w").close()
+    os.makedirs(cache, exist_ok=True)
+    # The test processes (pytest-xdist's workers) extract it one at a time: the first, while
+    # the others wait on the lock, then find it done.
+    with open(os.path.join(cache, "cifar10-jpeg.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(os.path.join(cache, "cifar10-jpeg.done")):
+            with tarfile.open(CIFAR_ARCHIVE, "r:xz") as archive:
+                archive.extractall(cache, filter="data")
+            open(os.path.join(cache, "cifar10-jpeg.done"), "w").close()
     return folder

@@ -181,3 +181,9 @@ def test_tiny_ablation_runs_end_to_end_and_resumes(cifar_folder, tmp_path):
 def test_bad_ablation_arguments_exit_with_a_message(tmp_path):
     result = run("ablate", "--table", "2", "--set", "unit=sideways", "--output", str(tmp_path))
     assert result.returncode == 2 and "Received: unit='sideways'" in result.stderr
+
+
+def test_the_command_line_offers_every_tuner():
+    from training import defaults
+
+    assert tuple(tune.TUNERS) == defaults.TUNER_NAMES

@@ -382,3 +382,28 @@ def test_seeds_report_median_and_spread(tmp_path):
     assert seeds["seeds"] == 2 and len(seeds["test_errors"]) == 2
     assert seeds["median"] == pytest.approx(np.median(seeds["test_errors"]))
     assert "Final test error over 2 seeds: median" in result.stdout
+
+
+def test_help_configs_and_argument_errors_answer_without_tensorflow():
+    """`--help`, `configs` and argparse's errors import neither TensorFlow nor Keras."""
+    script = ("import sys\nfrom training import cli\n"
+              "for argv in (['configs'], ['configs', 'cifar10_cpu'], ['--help'], ['train', '--help'], "
+              "['train', '--seeds', 'many'], ['configs', 'nope']):\n"
+              "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
+              "print(sorted(name for name in ('tensorflow', 'keras', 'jax') if name in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.stdout.splitlines()[-1] == "[]", result.stderr[-2000:]
+    assert "cifar10_cpu: The zoo's recipe on a CPU" in result.stdout
+    assert "  decay_factor = 0.1  # the step schedule's factor at each boundary (the paper: 0.1)." in result.stdout
+    assert "argument --seeds: invalid int value: 'many'" in result.stderr
+
+
+def test_commands_print_no_tensorflow_log_lines(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "training", "evaluate", "--model", "resnet20", "--weights",
+                             str(tmp_path / "missing.weights.h5"), "--data-dir", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300,
+                            env={name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"})
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: dataset=folder needs data_dir to be a folder with train/ and test/ "
+                                          "subfolders of class folders of images. Received: "
+                                          f"data_dir={str(tmp_path)!r}"]

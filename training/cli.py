@@ -21,18 +21,25 @@ import os
 import shlex
 import statistics
 import sys
+import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Commands that never import TensorFlow (they answer at once).
+WITHOUT_TENSORFLOW = ("configs", "compare", "query")
 
 
 def parser():
-    from training import configs, evaluate, export, serve, tune
+    from training import configs, defaults
 
     main = argparse.ArgumentParser(
         prog="python -m training", description=__doc__.split("\n\n")[0],
         epilog="\n".join(__doc__.split("\n")[2:]), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--verbose", action="store_true",
+                        help="show TensorFlow's C++ and absl log lines (hidden by default); serve: log every request")
     commands = main.add_subparsers(dest="command", required=True)
+    add_parser = commands.add_parser
+    commands.add_parser = lambda *arguments, **options: add_parser(*arguments, parents=[common], **options)
     train = commands.add_parser(
         "train", help="train a network (resumes from the run directory's last checkpoint)",
         description="Train a network with a config of the paper's recipe. Running the same command again "
@@ -50,7 +57,13 @@ def parser():
                        "(default: runs/<config>-<model>)")
     train.add_argument("--seeds", type=int, default=1, help="train this many seeds (0, 1, ...) and report "
                        "the median and mean +- std of the final test error, as the paper does")
-    commands.add_parser("configs", help="print every config with its fields")
+    configs_parser = commands.add_parser(
+        "configs", help="list the configs (purpose, paper result, command, fields changed), or one in full",
+        description="List every config: what it is for, the paper's result, the command that runs it, and the "
+        "fields it changes from the defaults, one per line; with a NAME, that config's every field and what it "
+        "means.")
+    configs_parser.add_argument("name", nargs="?", choices=sorted(configs.CONFIGS), metavar="NAME",
+                                help=f"one of {sorted(configs.CONFIGS)}: print every field of it")
     diagnose = commands.add_parser(
         "diagnose", help="measure and plot how signals and gradients propagate through the units",
         description="Measure, at initialisation and on a batch of real images, the norms of every unit's "
@@ -78,8 +91,8 @@ def parser():
                                  help="an image folder data_dir/{train,test}/<class>/ (default), or "
                                  "tensorflow-datasets' cifar10")
     evaluate_parser.add_argument("--data-dir", help="the image folder, or tensorflow-datasets' data directory")
-    evaluate_parser.add_argument("--batch-size", type=int, default=evaluate.BATCH_SIZE,
-                                 help=f"images per inference batch (default: {evaluate.BATCH_SIZE})")
+    evaluate_parser.add_argument("--batch-size", type=int, default=defaults.EVALUATION_BATCH_SIZE,
+                                 help=f"images per inference batch (default: {defaults.EVALUATION_BATCH_SIZE})")
     publish = commands.add_parser(
         "publish", help="put a finished CIFAR-10 run's network into the model zoo (keras_preact/weights)",
         description="Save the network of a finished CIFAR-10 run as keras_preact/weights/cifar10_<name>.weights.h5 "
@@ -113,12 +126,12 @@ def parser():
     export_parser.add_argument("--weights", choices=["cifar10"], help="the shipped weights of --model")
     export_parser.add_argument("--images", nargs="+", metavar="IMAGE",
                                help="image files (JPEG, PNG, GIF, BMP) to classify with the reloaded SavedModel")
-    export_parser.add_argument("--output", default=export.DEFAULT_DIRECTORY,
-                                help=f"folder of exported models (default: {export.DEFAULT_DIRECTORY})")
+    export_parser.add_argument("--output", default=defaults.DEFAULT_DIRECTORY,
+                                help=f"folder of exported models (default: {defaults.DEFAULT_DIRECTORY})")
     export_parser.add_argument("--name", help="model name, the folder TF Serving serves (default: <dataset>_<model>)")
     export_parser.add_argument("--version", type=int, help="version number (default: one more than the highest there)")
-    export_parser.add_argument("--top-k", type=int, default=export.DEFAULT_TOP_K,
-                                help=f"classes each prediction lists (default: {export.DEFAULT_TOP_K})")
+    export_parser.add_argument("--top-k", type=int, default=defaults.DEFAULT_TOP_K,
+                                help=f"classes each prediction lists (default: {defaults.DEFAULT_TOP_K})")
     serve_parser = commands.add_parser(
         "serve", help="serve an exported model over TF Serving's REST API",
         description="Serve the highest version of a model folder at /v1/models/<name> with TF Serving's REST "
@@ -126,18 +139,17 @@ def parser():
     )
     serve_parser.add_argument("model_dir", help="the model's folder, e.g. saved_models/digits_resnet20")
     serve_parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    serve_parser.add_argument("--port", type=int, default=serve.DEFAULT_PORT,
-                               help=f"port (default: {serve.DEFAULT_PORT}, TF Serving's REST port)")
-    serve_parser.add_argument("--max-batch", type=int, default=serve.DEFAULT_MAX_BATCH,
-                               help=f"most instances per request (default: {serve.DEFAULT_MAX_BATCH})")
-    serve_parser.add_argument("--verbose", action="store_true", help="log every request")
+    serve_parser.add_argument("--port", type=int, default=defaults.DEFAULT_PORT,
+                               help=f"port (default: {defaults.DEFAULT_PORT}, TF Serving's REST port)")
+    serve_parser.add_argument("--max-batch", type=int, default=defaults.DEFAULT_MAX_BATCH,
+                               help=f"most instances per request (default: {defaults.DEFAULT_MAX_BATCH})")
     query = commands.add_parser("query", help="send image files to a TF Serving REST endpoint, print top-k classes")
     query.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP)")
     query.add_argument("--model", required=True, help="the served model's name")
-    server = f"http://127.0.0.1:{serve.DEFAULT_PORT}"
+    server = f"http://127.0.0.1:{defaults.DEFAULT_PORT}"
     query.add_argument("--server", default=server, help=f"default: {server}")
-    query.add_argument("--top-k", type=int, default=export.DEFAULT_TOP_K,
-                       help=f"classes to print per image (default: {export.DEFAULT_TOP_K})")
+    query.add_argument("--top-k", type=int, default=defaults.DEFAULT_TOP_K,
+                       help=f"classes to print per image (default: {defaults.DEFAULT_TOP_K})")
     tune_parser = commands.add_parser(
         "tune", help="search the gates' bias b_g (Table 1) with keras-tuner, then train and test the best",
         description="Search b_g from 0 to -10 (step -1) for exclusive and shortcut-only gating with keras-tuner, "
@@ -146,13 +158,13 @@ def parser():
     )
     add_config_arguments(tune_parser, default_model="resnet110")
     tune_parser.add_argument("--output", default=os.path.join("runs", "tune"), help="default: runs/tune")
-    tune_parser.add_argument("--gatings", nargs="+", default=list(tune.GATINGS),
+    tune_parser.add_argument("--gatings", nargs="+", default=list(defaults.GATINGS),
                               help="exclusive_gating and/or shortcut_only_gating (default: both)")
-    tune_parser.add_argument("--tuner", default="grid", choices=sorted(tune.TUNERS), help="default: grid")
+    tune_parser.add_argument("--tuner", default="grid", choices=defaults.TUNER_NAMES, help="default: grid")
     tune_parser.add_argument("--trials", type=int, help="the most trials (default: the whole grid, 11 per gating)")
-    tune_parser.add_argument("--validation-examples", type=int, default=tune.DEFAULT_VALIDATION_EXAMPLES,
+    tune_parser.add_argument("--validation-examples", type=int, default=defaults.DEFAULT_VALIDATION_EXAMPLES,
                               help="training images held out for the objective "
-                              f"(default: {tune.DEFAULT_VALIDATION_EXAMPLES})")
+                              f"(default: {defaults.DEFAULT_VALIDATION_EXAMPLES})")
     tune_parser.add_argument("--rounds", type=int, default=1,
                               help="validation evaluations per trial (Hyperband's epochs, at least 3; default: 1)")
     tune_parser.add_argument("--no-retrain", action="store_true",
@@ -221,12 +233,14 @@ def train_seeds(config, run_dir, seeds, command=None):
 
 def main(argv=None):
     arguments = parser().parse_args(argv)
+    if arguments.command not in WITHOUT_TENSORFLOW:
+        import_tensorflow(arguments.verbose)
     try:
         if arguments.command == "configs":
             from training import configs
 
-            for name, config in configs.CONFIGS.items():
-                print(f"{name}: {dataclasses.asdict(config)}")
+            names = [arguments.name] if arguments.name else list(configs.CONFIGS)
+            print("\n\n".join("\n".join(configs.describe(name, every_field=bool(arguments.name))) for name in names))
             return 0
         if arguments.command == "diagnose":
             from training import diagnose
@@ -255,6 +269,32 @@ def main(argv=None):
             raise
         print(f"error: {error}", file=sys.stderr)
         return code
+
+
+def import_tensorflow(verbose):
+    """Imports TensorFlow, quietly unless `verbose`: its C++ log lines below FATAL are off
+    (`TF_CPP_MIN_LOG_LEVEL=3`, unless set), and the lines its libraries write while they load,
+    before absl's logging starts (CUDA probing, oneDNN notices, which no log level silences),
+    go to a temporary file that is shown only if the import fails."""
+    if verbose:
+        import tensorflow  # noqa: F401
+
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.stderr.flush()
+    standard_error = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        except BaseException:
+            os.dup2(standard_error, 2)
+            captured.seek(0)
+            sys.stderr.buffer.write(captured.read())
+            raise
+        finally:
+            os.dup2(standard_error, 2)
+            os.close(standard_error)
 
 
 def evaluate_command(arguments):

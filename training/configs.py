@@ -9,7 +9,7 @@ Schedules are written in the unit the source uses, iterations at the config's
 
 import dataclasses
 
-from keras_preact import defaults, units
+from keras_preact import defaults
 
 # scikit-learn's 8x8 digits scaled to 0-255 (16 grey levels x 255 / 16): the mean and
 # standard deviation of the 1,437 training images (measured, `training.data`'s split).
@@ -65,6 +65,7 @@ class Config:
             half a cosine (Loshchilov and Hutter, SGDR, 2017), `decay_boundaries` unused.
         duration: the length of training.
         decay_boundaries: where the step schedule multiplies the rate by `decay_factor`.
+        decay_factor: the step schedule's factor at each boundary (the paper: 0.1).
         warmup, warmup_learning_rate: a first phase at a fixed small rate; the
             warm-up rate is scaled with the batch size like `learning_rate`.
         crop_padding: pixels of zero padding before the random crop (0: no crop).
@@ -150,9 +151,12 @@ class Config:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field} must be a positive integer. Received: {field}={value!r}")
-        if self.unit is not None and self.unit not in units.UNITS:
-            raise ValueError(f"unit must be None (the model's) or one of {sorted(units.UNITS)}. "
-                             f"Received: unit={self.unit!r}")
+        if self.unit is not None:
+            from keras_preact import units  # here: configs import without Keras (`python -m training configs`)
+
+            if self.unit not in units.UNITS:
+                raise ValueError(f"unit must be None (the model's) or one of {sorted(units.UNITS)}. "
+                                 f"Received: unit={self.unit!r}")
         if len(self.scaling) != 2:
             raise ValueError(f"scaling must be (shortcut scale, residual scale). Received: scaling={self.scaling!r}")
         if self.xla and self.synchronized_batch_norm:
@@ -224,18 +228,8 @@ def parse_value(text, current, name):
 
 
 CONFIGS = {
-    # Paper appendix, CIFAR-10: SGD 0.9, lr 0.1 (0.01 for the first 400 iterations),
-    # /10 at 32k and 48k iterations, 64k in all, batch 128, weight decay 1e-4.
-    # Paper result (Table 3): ResNet-110 6.37 %, ResNet-164 5.46 % test error.
-    #   python -m training train --config cifar10_paper --set model=resnet164
     "cifar10_paper": Config(),
-    # The same recipe on CIFAR-100. Paper: ResNet-164 24.33 %, ResNet-1001 22.71 %.
-    #   python -m training train --config cifar100_paper --set model=resnet164
     "cifar100_paper": Config(dataset="cifar100"),
-    # The official Torch code's ResNet-1001 run (resnet-1k-layers): batch 64, Nesterov,
-    # 200 epochs, /10 at epochs 81 and 122, lr 0.1 at batch 64, no warm-up.
-    # Paper (Table 4): 4.62 % (4.69 +- 0.20) test error on CIFAR-10.
-    #   python -m training train --config cifar10_resnet1001_torch
     # Units 2-111 of each stage run as one loop: the same network, built in about a
     # second and at its first step in seconds instead of minutes (README, Benchmarks).
     "cifar10_resnet1001_torch": Config(
@@ -243,33 +237,16 @@ CONFIGS = {
         schedule_unit="epochs", duration=200, decay_boundaries=(81, 122), warmup=0, evaluate_every=7812,
         checkpoint_every=781,
     ),
-    # ImageNet (paper, Section 5, and [1]): lr 0.1, /10 at epochs 30 and 60, batch 256,
-    # 90 epochs as fb.resnet.torch; scale augmentation, 224x224 crops, flips.
-    # Paper (Table 5, 320x320 test crop): pre-activation ResNet-200 20.7 % / 5.3 % top-1 /
-    # top-5 error; 20.1 % / 4.8 % with scale and aspect-ratio augmentation.
-    #   python -m training train --config imagenet_paper --set data_dir=/data/tfds
     "imagenet_paper": Config(
         model="resnet200", dataset="imagenet2012", image_size=224, batch_size=256, reference_batch_size=256,
         schedule_unit="epochs", duration=90, decay_boundaries=(30, 60), warmup=0, crop_padding=0,
         normalization_mean=defaults.IMAGENET_MEAN, normalization_std=defaults.IMAGENET_STD, evaluate_every=5000,
         log_every=100,
     ),
-    # The zoo's recipe on a CPU (keras_preact.weights): the paper's CIFAR-10 recipe (SGD
-    # momentum 0.9, lr 0.1 after a first epoch at 0.01 (the paper: 400 iterations),
-    # weight decay 1e-4, batch 128, 4-pixel crops and flips) on CIFAR-10 as JPEG folders,
-    # the schedule shortened to 30 epochs (the paper: 164), /10 at half and three quarters
-    # of it as the paper's 32k and 48k of 64k. The schedules compared for it (README, Model zoo) hold out a validation
-    # split of the training set:
-    #   python -m training train --config cifar10_cpu --model resnet20 \
-    #       --data-dir ~/.cache/keras-preact/cifar10-jpeg --set validation_examples=5000
     "cifar10_cpu": Config(
         model="resnet20", dataset="folder", schedule_unit="epochs", duration=30, decay_boundaries=(15, 22.5),
         warmup=1, evaluate_every=390, checkpoint_every=390, log_every=39,
     ),
-    # The main job: a pre-activation ResNet-20 on scikit-learn's 8x8 handwritten digits,
-    # offline, about a minute on 2 CPU cores. One-pixel crops, no flips (a flipped
-    # digit is another symbol); the CIFAR schedule squeezed into 40 epochs.
-    #   python -m training train --config digits_demo
     "digits_demo": Config(
         model="resnet20", dataset="digits", image_size=8, batch_size=64, reference_batch_size=128,
         schedule_unit="epochs", duration=40, decay_boundaries=(20, 30), warmup=1, crop_padding=1,
@@ -277,6 +254,75 @@ CONFIGS = {
         evaluate_every=100, checkpoint_every=100, log_every=10,
     ),
 }
+# What each config is for, the paper's result for it, and the command that runs it
+# (`python -m training configs` prints them).
+ABOUT = {
+    "cifar10_paper": dict(
+        purpose="The paper's CIFAR-10 recipe (appendix): SGD momentum 0.9, lr 0.1 (0.01 for the first 400 "
+                "iterations), /10 at 32k and 48k iterations, 64k in all, batch 128, weight decay 1e-4, 4-pixel "
+                "crops and flips.",
+        paper="Table 3: ResNet-110 6.37 %, ResNet-164 5.46 % test error.",
+        command="python -m training train --config cifar10_paper --set model=resnet164"),
+    "cifar100_paper": dict(
+        purpose="The same recipe on CIFAR-100.",
+        paper="Table 3: ResNet-164 24.33 %, ResNet-1001 22.71 % test error.",
+        command="python -m training train --config cifar100_paper --set model=resnet164"),
+    "cifar10_resnet1001_torch": dict(
+        purpose="The official Torch code's ResNet-1001 run (resnet-1k-layers): batch 64, Nesterov, 200 epochs, "
+                "/10 at epochs 81 and 122, lr 0.1 at batch 64, no warm-up; units 2-111 of each stage as one loop.",
+        paper="Table 4: 4.62 % (4.69 +- 0.20) test error on CIFAR-10.",
+        command="python -m training train --config cifar10_resnet1001_torch"),
+    "imagenet_paper": dict(
+        purpose="ImageNet (Section 5, and fb.resnet.torch): lr 0.1, /10 at epochs 30 and 60, batch 256, 90 epochs; "
+                "scale augmentation, 224x224 crops, flips.",
+        paper="Table 5 (320x320 test crop): pre-activation ResNet-200 20.7 % / 5.3 % top-1 / top-5 error; "
+              "20.1 % / 4.8 % with scale and aspect-ratio augmentation.",
+        command="python -m training train --config imagenet_paper --set data_dir=/data/tfds"),
+    "cifar10_cpu": dict(
+        purpose="The zoo's recipe on a CPU (keras_preact/weights): the paper's CIFAR-10 recipe on CIFAR-10 as JPEG "
+                "folders, lr 0.1 after a first epoch at 0.01, the schedule shortened to 30 epochs (the paper: 164), "
+                "/10 at half and three quarters of it as the paper's 32k and 48k of 64k (README, Model zoo).",
+        paper="He et al. 2015, Table 6 (164 epochs): ResNet-20 8.75 %, ResNet-56 6.97 % test error.",
+        command="python -m training train --config cifar10_cpu --model resnet20 "
+                "--data-dir ~/.cache/keras-preact/cifar10-jpeg"),
+    "digits_demo": dict(
+        purpose="The main job: a pre-activation ResNet-20 on scikit-learn's 8x8 handwritten digits, offline, about "
+                "a minute on 2 CPU cores. One-pixel crops, no flips (a flipped digit is another symbol); the CIFAR "
+                "schedule squeezed into 40 epochs.",
+        paper="None: the digits are not in the paper.",
+        command="python -m training train --config digits_demo"),
+}
+
+
+def field_descriptions():
+    """{field: its description}, from the Attributes of `Config`'s docstring (fields described
+    together, as "momentum, nesterov: SGD's.", share theirs)."""
+    attributes = Config.__doc__.split("Attributes:", 1)[1]
+    descriptions, names = {}, []
+    for line in attributes.splitlines():
+        text = line.strip()
+        head, separator, rest = text.partition(": ")
+        if separator and line.startswith(" " * 8) and not line.startswith(" " * 12):
+            names = [name.strip() for name in head.split(",")]
+            text = rest
+        for name in names:
+            descriptions[name] = f"{descriptions.get(name, '')} {text}".strip()
+    return descriptions
+
+
+def describe(name, every_field=False):
+    """A config as printed lines: its purpose, the paper's result, its command, then one field per
+    line: those that differ from `Config`'s defaults, or `every_field` with its description."""
+    config, about = CONFIGS[name], ABOUT[name]
+    lines = [f"{name}: {about['purpose']}", f"  paper: {about['paper']}", f"  command: {about['command']}"]
+    base, descriptions = Config(), field_descriptions()
+    for field in dataclasses.fields(Config):
+        value = getattr(config, field.name)
+        if every_field:
+            lines.append(f"  {field.name} = {value!r}  # {descriptions[field.name]}")
+        elif value != getattr(base, field.name):
+            lines.append(f"  {field.name} = {value!r}")
+    return lines
 
 
 def get_config(name, overrides=()):

@@ -13,12 +13,11 @@ import numpy as np
 
 import keras_preact
 from training import configs, data
-
-# Images per inference batch: a memory bound only; results do not depend on it.
-BATCH_SIZE = 500
+from training.defaults import EVALUATION_BATCH_SIZE
 
 
-def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=BATCH_SIZE):
+
+def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EVALUATION_BATCH_SIZE):
     """Evaluates `model_name` with `weights` on the test split of a CIFAR-10-like data set.
 
     Args:

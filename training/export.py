@@ -30,12 +30,11 @@ import tensorflow as tf
 import keras_preact
 from keras_preact import pretrained
 from training import configs, data, recipe
+from training.defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K
 
 SIGNATURES = ("serving_default", "predict_pixels", "predict_normalized")
 OUTPUTS = ("logits", "probabilities", "class_ids", "classes", "scores")
 METADATA_FILE = "metadata.json"
-DEFAULT_TOP_K = 5
-DEFAULT_DIRECTORY = "saved_models"
 # How encoded images reach the network's size: resized where their size differs (CIFAR,
 # the digits, image folders; the training pipeline's `data.resize`), or ImageNet's
 # evaluation crop (`data.central_crop`: shorter side to 256/224 of the size, centre crop).

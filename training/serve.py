@@ -29,9 +29,8 @@ import numpy as np
 import tensorflow as tf
 
 from training import export
+from training.defaults import DEFAULT_MAX_BATCH, DEFAULT_PORT
 
-DEFAULT_PORT = 8501  # TF Serving's REST port
-DEFAULT_MAX_BATCH = 64
 # The largest request body read: 64 encoded 224 x 224 JPEGs take about 2 MB.
 MAX_BODY_BYTES = 64 * 2**20
 ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?(?P<action>:predict|/metadata)?$")

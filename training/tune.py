@@ -27,14 +27,13 @@ import numpy as np
 import tensorflow as tf
 
 from training import ablation, configs, data, loop, recipe
+from training.defaults import DEFAULT_VALIDATION_EXAMPLES, GATINGS
 
 # b_g from 0 to -10 in steps of -1 (paper, Section 3.1).
 GATE_BIASES = tuple(range(0, -11, -1))
-GATINGS = ("exclusive_gating", "shortcut_only_gating")
 # Table 1's test errors (%) of ResNet-110 on CIFAR-10, full recipe, median of 5 runs.
 PAPER, FAIL = ablation.GATE_BIAS_ERRORS, ablation.FAIL
 OBJECTIVE = "val_error"
-DEFAULT_VALIDATION_EXAMPLES = 5000
 
 
 @keras.saving.register_keras_serializable(package="keras_preact_training")

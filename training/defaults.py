@@ -1,0 +1,21 @@
+"""The command line's defaults, each in its one home here.
+
+This module imports nothing heavy, so that `python -m training --help`, `configs` and
+argument errors answer without importing TensorFlow; the modules that use each value
+import it from here (`export.DEFAULT_TOP_K` is this `DEFAULT_TOP_K`).
+"""
+
+# export: the folder of exported models (TF Serving's layout under it), and how many
+# classes each prediction lists.
+DEFAULT_DIRECTORY = "saved_models"
+DEFAULT_TOP_K = 5
+# serve: TF Serving's REST port, and the most instances one request may hold.
+DEFAULT_PORT = 8501
+DEFAULT_MAX_BATCH = 64
+# evaluate: images per inference batch, a memory bound only (results do not depend on it).
+EVALUATION_BATCH_SIZE = 500
+# tune: the gatings of Table 1 searched, the keras-tuner tuners offered, and the training
+# images held out for the search's objective.
+GATINGS = ("exclusive_gating", "shortcut_only_gating")
+TUNER_NAMES = ("grid", "random", "hyperband")
+DEFAULT_VALIDATION_EXAMPLES = 5000

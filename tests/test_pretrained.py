@@ -222,6 +222,10 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     assert abs(entry["test_error"] - summary["test_error"]) <= zoo.AGREEMENT
     assert entry["command"] == summary["command"] and entry["config"]["model"] == "resnet20"
     assert pretrained.registry()["cifar10"]["resnet20"] == entry
+    assert zoo.markdown_table().splitlines()[2] == (
+        f"| resnet20 | pre-activation | 0.27M | **{100 * entry['test_error']:.2f}** | 8.75 (He 2015, original) | 8.27 | "
+        f"7.4 | {entry['training_hours']:.1f} | `python -m training train --config cifar10_cpu --model resnet20 --set "
+        f"batch_size=10 --set duration=1 --set warmup=0` (1 epochs, step) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |")
     network = keras.saving.load_model(run_dir / "model.keras").layers[-1]
     loaded = keras_preact.ResNet20(weights="cifar10", classifier_activation=None)
     for got, want in zip(values(loaded), values(network), strict=True):

@@ -102,6 +102,11 @@ def parser():
     publish.add_argument("--run-dir", required=True, help="a finished run of `python -m training train`")
     publish.add_argument("--name", required=True, help="the network's name, e.g. resnet20 or resnet20_original")
     publish.add_argument("--data-dir", help="the run's data, to evaluate the saved file (default: the run's)")
+    commands.add_parser(
+        "zoo", help="print the model zoo's table: the shipped networks, their test error beside the published",
+        description="Print, as Markdown, every network with shipped CIFAR-10 weights: unit, parameters, final "
+        "test error on the 10,000 test images beside the paper's and two reimplementations', training hours, "
+        "recipe, file size and SHA-256 (from keras_preact/weights/registry.json).")
     compare = commands.add_parser(
         "compare", help="finished runs side by side: final error, hours, a time-to-accuracy plot",
         description="Compare finished runs (e.g. one network under different schedules, evaluated on a "
@@ -241,6 +246,11 @@ def main(argv=None):
 
             names = [arguments.name] if arguments.name else list(configs.CONFIGS)
             print("\n\n".join("\n".join(configs.describe(name, every_field=bool(arguments.name))) for name in names))
+            return 0
+        if arguments.command == "zoo":
+            from training import zoo
+
+            print(zoo.markdown_table())
             return 0
         if arguments.command == "diagnose":
             from training import diagnose

@@ -12,6 +12,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 
 import keras
 import numpy as np
@@ -19,6 +20,53 @@ import numpy as np
 import keras_preact
 from keras_preact import pretrained
 from training import evaluate
+
+# Published CIFAR-10 test errors (%) of each zoo network, for the zoo's table (shared/PAPER.md):
+# He et al. 2015 [1], Table 6 (original units, 64k iterations, the network's own row); this
+# paper, Table 3 (pre-activation ResNet-110 and ResNet-164, median of 5); and two public
+# reimplementations' best test epoch of 200 epochs (slightly optimistic): akamaster/
+# pytorch_resnet_cifar10 (original units) and chenyaofo/pytorch-cifar-models (cosine, weight
+# decay 5e-4). The pre-activation ResNet-20 and -56 have no published row of their own: the
+# original networks' are their targets.
+REFERENCES = {
+    "resnet20": dict(paper="8.75 (He 2015, original)", akamaster=8.27, chenyaofo=7.40),
+    "resnet20_original": dict(paper="8.75 (He 2015)", akamaster=8.27, chenyaofo=7.40),
+    "resnet56": dict(paper="6.97 (He 2015, original)", akamaster=6.61, chenyaofo=5.63),
+    "resnet56_original": dict(paper="6.97 (He 2015)", akamaster=6.61, chenyaofo=5.63),
+    "resnet110": dict(paper="6.37 (Table 3)", akamaster=6.32, chenyaofo=None),
+    "resnet164": dict(paper="5.46 (Table 3)", akamaster=None, chenyaofo=None),
+}
+
+
+def markdown_table(registry=None):
+    """The zoo's table: every shipped CIFAR-10 network, its final test error beside the
+    published ones, its training hours and recipe, its file."""
+    entries = (registry or pretrained.registry()).get("cifar10", {})
+    lines = ["| network | unit | parameters | test error % | paper % | akamaster % | chenyaofo % | hours | recipe "
+             "| file | sha256 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, entry in sorted(entries.items(), key=lambda item: (item[1]["parameters"], item[0])):
+        references = REFERENCES.get(name, {})
+        config = entry["config"]
+        recipe = f"`{recipe_command(entry['command'])}`" if entry.get("command") else ""
+        lines.append(
+            f"| {name} | {'original' if name.endswith('_original') else 'pre-activation'} | "
+            f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {references.get('paper', '')} | "
+            f"{references.get('akamaster') or ''} | {references.get('chenyaofo') or ''} | "
+            f"{entry['training_hours']:.1f} | {recipe} ({config['duration']:g} {config['schedule_unit']}, "
+            f"{config.get('schedule', 'step')}) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |")
+    return "\n".join(lines)
+
+
+def recipe_command(command):
+    """A run's command without the options that name this machine's folders (--data-dir, --run-dir)."""
+    words, kept = shlex.split(command), []
+    for word in words:
+        if kept and kept[-1] in ("--data-dir", "--run-dir"):
+            kept.pop()
+        elif not word.startswith(("--data-dir=", "--run-dir=")):
+            kept.append(word)
+    return shlex.join(kept)
+
 
 # The shipped file's error and the run's final one are the same network on the same
 # images; they may differ by kernels' rounding only (a prediction or two of 10,000).

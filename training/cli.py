@@ -6,6 +6,8 @@
         --strategy mirrored --set batch_size=256
     python -m training configs                                    # the configs and their fields
     python -m training evaluate --model resnet20 --weights cifar10 --data-dir DIR   # test error, per class
+    python -m training zoo                                        # the shipped networks and their errors
+    python -m training compare RUN_DIR RUN_DIR                    # error against hours, side by side
     python -m training export --run-dir runs/demo                 # a SavedModel for TF Serving
     python -m training export --model resnet20 --weights cifar10 --images docs/cifar10/*.jpg   # shipped weights
     python -m training serve saved_models/digits_resnet20         # TF Serving's REST API, locally

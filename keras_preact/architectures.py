@@ -6,7 +6,7 @@ what differs between networks; `keras_preact.models.ResNet` builds any of them.
 
 import dataclasses
 
-from keras_preact import units
+from keras_preact import defaults, units
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +116,9 @@ def cifar_depth(depth, form="basic"):
     units.check_choice("form", form, units.FORMS)
     layers_per_unit = 3 * len(units.FORMS[form].kernel_sizes)
     examples = ", ".join(str(layers_per_unit * n + 2) for n in (1, 2, 3))
-    if not isinstance(depth, int) or depth < layers_per_unit + 2 or (depth - 2) % layers_per_unit:
+    if not defaults.is_integer(depth) or depth < layers_per_unit + 2 or (depth - 2) % layers_per_unit:
         raise ValueError(
             f"depth must be {layers_per_unit}n+2 for {form} networks ({examples}, ...). "
             f"Received: depth={depth!r}"
         )
-    return cifar(form, (depth - 2) // layers_per_unit)
+    return cifar(form, (int(depth) - 2) // layers_per_unit)

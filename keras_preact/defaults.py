@@ -6,6 +6,8 @@ arXiv:1603.05027) and its official Torch code (github.com/KaimingHe/resnet-1k-la
 which builds on facebook/fb.resnet.torch).
 """
 
+import math
+import numbers
 
 # Torch's BatchNorm defaults, used by the official code: momentum 0.1 for the new batch,
 # which is Keras' momentum 0.9 for the running average, and epsilon 1e-5.
@@ -57,8 +59,18 @@ def weight_regularizer(weight_decay):
     return keras.regularizers.L2(weight_decay / 2)
 
 
+def is_integer(value):
+    """An int or a NumPy integer, not a bool (Python's True is 1, never a count here)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_finite_number(value):
+    """An int or float (NumPy's too), finite, not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def validate_weight_decay(weight_decay):
-    if not isinstance(weight_decay, (int, float)) or weight_decay < 0:
+    if not is_finite_number(weight_decay) or weight_decay < 0:
         raise ValueError(
             "weight_decay must be a number >= 0 (the paper uses 1e-4). "
             f"Received: weight_decay={weight_decay!r}"

@@ -54,8 +54,8 @@ class ConstantScaling(Merge):
     def __init__(self, shortcut_scale=0.5, residual_scale=1.0, **kwargs):
         super().__init__(**kwargs)
         for argument, value in (("shortcut_scale", shortcut_scale), ("residual_scale", residual_scale)):
-            if not isinstance(value, (int, float)):
-                raise ValueError(f"{argument} must be a number. Received: {argument}={value!r}")
+            if not defaults.is_finite_number(value):
+                raise ValueError(f"{argument} must be a finite number. Received: {argument}={value!r}")
         self.shortcut_scale = float(shortcut_scale)
         self.residual_scale = float(residual_scale)
 
@@ -81,8 +81,8 @@ class Gate(Merge):
 
     def __init__(self, gate_bias=0.0, weight_decay=0.0, **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(gate_bias, (int, float)):
-            raise ValueError(f"gate_bias must be a number. Received: gate_bias={gate_bias!r}")
+        if not defaults.is_finite_number(gate_bias):
+            raise ValueError(f"gate_bias must be a finite number. Received: gate_bias={gate_bias!r}")
         self.gate_bias = float(gate_bias)
         self.weight_decay = defaults.validate_weight_decay(weight_decay)
 
@@ -139,7 +139,7 @@ class ShortcutDropout(Merge):
 
     def __init__(self, rate=0.5, seed=None, **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+        if not defaults.is_finite_number(rate) or not 0 <= rate < 1:
             raise ValueError(f"rate must be a number in [0, 1). Received: rate={rate!r}")
         self.rate = float(rate)
         self.seed = seed

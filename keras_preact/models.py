@@ -127,8 +127,9 @@ def ResNet(
         raise ValueError(f"merge must be a layer from keras_preact.merges or None. Received: merge={merge!r}")
     weight_decay = defaults.validate_weight_decay(weight_decay)
     classes = architecture.default_classes if classes is None else classes
-    if include_top and (not isinstance(classes, int) or classes < 1):
+    if include_top and (not defaults.is_integer(classes) or classes < 1):
         raise ValueError(f"classes must be a positive integer. Received: classes={classes!r}")
+    classes = int(classes)
     _check_weights(weights)
     if not isinstance(include_preprocessing, bool):
         raise ValueError(f"include_preprocessing must be True or False. Received: "
@@ -311,7 +312,9 @@ def _inputs(architecture, input_tensor, input_shape):
     if input_shape is None:
         input_shape = architecture.default_input_shape
     _check_input_shape(architecture, input_shape)
-    return input_tensor if input_tensor is not None else keras.Input(shape=tuple(input_shape), name="images")
+    if input_tensor is not None:
+        return input_tensor
+    return keras.Input(shape=tuple(None if size is None else int(size) for size in input_shape), name="images")
 
 
 # The smallest height and width a network takes: its total stride (CIFAR 4, ImageNet 32),
@@ -330,8 +333,8 @@ def _check_input_shape(architecture, input_shape):
     valid = (
         isinstance(input_shape, (tuple, list))
         and len(input_shape) == 3
-        and all(size is None or (isinstance(size, int) and size >= minimum) for size in input_shape[:2])
-        and isinstance(input_shape[2], int)
+        and all(size is None or (defaults.is_integer(size) and size >= minimum) for size in input_shape[:2])
+        and defaults.is_integer(input_shape[2])
         and input_shape[2] >= 1
     )
     if not valid:

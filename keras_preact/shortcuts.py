@@ -18,13 +18,13 @@ class Shortcut(keras.layers.Layer):
 
     def __init__(self, output_channels, strides=1, weight_decay=0.0, **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(output_channels, int) or output_channels < 1:
+        if not defaults.is_integer(output_channels) or output_channels < 1:
             raise ValueError(
                 f"output_channels must be a positive integer. Received: output_channels={output_channels!r}"
             )
         if strides not in (1, 2):
             raise ValueError(f"strides must be 1 or 2. Received: strides={strides!r}")
-        self.output_channels = output_channels
+        self.output_channels = int(output_channels)
         self.strides = strides
         self.weight_decay = defaults.validate_weight_decay(weight_decay)
 

@@ -11,6 +11,7 @@ rounding); `keras_preact.models.copy_weights` moves weights between the two layo
 import keras
 from keras import ops
 
+from keras_preact import defaults
 from keras_preact import units as units_module
 
 
@@ -61,13 +62,13 @@ class StackedUnits(keras.layers.Layer):
                 "unit must keep its input's shape (strides=1) and leave rematerialize to "
                 f"StackedUnits. Received: strides={unit.strides}, rematerialize={unit.rematerialize}"
             )
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        if not defaults.is_integer(count) or count < 1:
             raise ValueError(f"count must be a positive integer. Received: count={count!r}")
         if not isinstance(rematerialize, bool):
             raise ValueError(f"rematerialize must be True or False. Received: rematerialize={rematerialize!r}")
         # Not an attribute Keras tracks: the template's variables are not the layer's.
         object.__setattr__(self, "unit", unit)
-        self.count = count
+        self.count = int(count)
         self.rematerialize = rematerialize
 
     def build(self, input_shape):

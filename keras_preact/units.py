@@ -101,8 +101,9 @@ class ResidualUnit(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(filters, int) or filters < 1:
+        if not defaults.is_integer(filters) or filters < 1:
             raise ValueError(f"filters must be a positive integer. Received: filters={filters!r}")
+        filters = int(filters)
         check_choice("form", form, FORMS)
         check_choice("strides", strides, (1, 2))
         check_choice("shortcut", shortcut, shortcuts.SHORTCUTS)

@@ -67,8 +67,12 @@ def test_zero_padding_shortcut_subsamples_and_appends_zero_channels():
 @pytest.mark.parametrize(
     "factory, message",
     [
-        (lambda: kp.ConstantScaling("half"), "shortcut_scale must be a number. Received: shortcut_scale='half'"),
-        (lambda: kp.ExclusiveGating(gate_bias=None), "gate_bias must be a number. Received: gate_bias=None"),
+        (lambda: kp.ConstantScaling("half"), "shortcut_scale must be a finite number. Received: shortcut_scale='half'"),
+        (lambda: kp.ConstantScaling(float("nan")), "shortcut_scale must be a finite number. Received: shortcut_scale=nan"),
+        (lambda: kp.ConstantScaling(0.5, True), "residual_scale must be a finite number. Received: residual_scale=True"),
+        (lambda: kp.ExclusiveGating(gate_bias=None), "gate_bias must be a finite number. Received: gate_bias=None"),
+        (lambda: kp.ShortcutOnlyGating(gate_bias=float("-inf")), "Received: gate_bias=-inf"),
+        (lambda: kp.ShortcutDropout(float("nan")), "rate must be a number in [0, 1). Received: rate=nan"),
         (lambda: kp.ShortcutDropout(1.5), "rate must be a number in [0, 1). Received: rate=1.5"),
         (lambda: shortcuts.ZeroPaddingShortcut(8)(random_images((1, 4, 4, 16))), "can only add channels"),
     ],

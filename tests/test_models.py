@@ -227,6 +227,10 @@ def test_weights_from_a_file_reproduce_the_network(tmp_path):
         (lambda: kp.ResNet110(unit="postact"), "unit must be one of ['original', "),
         (lambda: kp.ResNet110(unit="postact"), "Received: unit='postact'"),
         (lambda: kp.ResNet20(classes=-3), "classes must be a positive integer. Received: classes=-3"),
+        (lambda: kp.ResNet20(classes=True), "classes must be a positive integer. Received: classes=True"),
+        (lambda: kp.ResNet20(classes=10.0), "classes must be a positive integer. Received: classes=10.0"),
+        (lambda: kp.CifarResNet(True), "Received: depth=True"),
+        (lambda: kp.ResNet20(weight_decay=float("nan")), "Received: weight_decay=nan"),
         (lambda: kp.ResNet20(input_shape=(32, 32)), "Received: input_shape=(32, 32)"),
         (lambda: kp.ResNet20(input_shape=(2, 2, 3)), "height and width None or >= 4"),
         (lambda: kp.ResNet50(input_shape=(16, 16, 3)), "Received: input_shape=(16, 16, 3)"),
@@ -251,6 +255,15 @@ def test_bad_arguments_raise_clear_errors(build, message):
     with pytest.raises(ValueError) as error:
         build()
     assert message in str(error.value)
+
+
+def test_numpy_integers_are_accepted_and_serialize_as_ints():
+    model = kp.CifarResNet(np.int64(20), classes=np.int32(7), input_shape=(np.int64(32), 32, np.int16(3)))
+    assert model.input.shape == (None, 32, 32, 3) and model.output.shape == (None, 7)
+    config = model.get_layer("predictions").get_config()
+    assert type(config["units"]) is int
+    assert kp.units.PreActivationUnit(np.int64(16)).get_config()["filters"] == 16
+    keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
 
 
 def test_default_shapes_and_classes():

@@ -270,6 +270,10 @@ def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipp
     (["--model", "resnet56", "--weights", "cifar10"], "ships cifar10 weights for these networks only, .*: resnet20. "
                                                       "Received: model='resnet56'"),
     (["--model", "resnet20", "--weights", "cifar10", "--images", "nowhere.jpg"], "No image file 'nowhere.jpg'"),
+    (["--model", "resnet20", "--weights", "cifar10", "--name", "../../outside"],
+     r"name must be one folder name .*\. Received: name='\.\./\.\./outside'"),
+    (["--model", "resnet20", "--weights", "cifar10", "--name", "/tmp/absolute"], "Received: name='/tmp/absolute'"),
+    (["--model", "resnet20", "--weights", "cifar10", "--name", ".hidden"], "Received: name='.hidden'"),
     (["--model", "resnet20", "--weights", "cifar10", "--images", __file__],
      "test_pretrained.py is not a JPEG, PNG, GIF or BMP image TensorFlow decodes"),
 ])

@@ -134,6 +134,15 @@ def test_model_fit_on_arrays_with_the_recipe():
         (["learning_rate=fast"], "learning_rate takes a float. Received: learning_rate='fast'"),
         (["precision=float16"], "Received: precision='float16'"),
         (["schedule=linear"], "schedule must be one of ['step', 'cosine']. Received: schedule='linear'"),
+        (["learning_rate=-0.1"], "learning_rate must be a finite number > 0. Received: learning_rate=-0.1"),
+        (["learning_rate=inf"], "Received: learning_rate=inf"),
+        (["warmup=-1"], "warmup must be a finite number >= 0. Received: warmup=-1.0"),
+        (["momentum=1"], "momentum must be a finite number in [0, 1). Received: momentum=1.0"),
+        (["decay_factor=0"], "decay_factor must be a finite number in (0, 1]. Received: decay_factor=0.0"),
+        (["normalization_std=0,62.1,66.7"], "normalization_std must hold finite numbers > 0. Received: "
+                                            "normalization_std=(0, 62.1, 66.7)"),
+        (["test_examples=0"], "test_examples must be None (all) or a positive integer. Received: test_examples=0"),
+        (["train_examples=-5"], "train_examples must be None (all) or a positive integer. Received: train_examples=-5"),
     ],
 )
 def test_bad_overrides(overrides, message):
@@ -145,6 +154,13 @@ def test_bad_overrides(overrides, message):
 def test_unknown_config():
     with pytest.raises(ValueError, match="Received: config='cifar10'"):
         configs.get_config("cifar10")
+
+
+def test_override_parses_each_field_as_its_declared_type():
+    """A float field whose default is written as an int takes a fraction; "none" is None."""
+    config = configs.get_config("cifar10_cpu", ["duration=0.5", "warmup=0", "unit=none", "train_examples=none"])
+    assert (config.duration, config.warmup, config.unit, config.train_examples) == (0.5, 0.0, None, None)
+    assert type(config.duration) is float
 
 
 def test_override_parses_types():

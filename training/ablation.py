@@ -203,8 +203,10 @@ def budget_note(config, seeds, models):
     paper = configs.get_config(PAPER_CONFIGS.get(config.dataset, "cifar10_paper"))
     differences = []
     for field in ("duration", "schedule_unit", "decay_boundaries", "batch_size", "train_examples", "test_examples"):
-        if getattr(config, field) != getattr(paper, field):
-            differences.append(f"{field}={getattr(config, field)} (paper: {getattr(paper, field)})")
+        ours, theirs = getattr(config, field), getattr(paper, field)
+        if ours != theirs:
+            differences.append(f"{field}={ours:g} (paper: {theirs:g})" if isinstance(ours, float)
+                               else f"{field}={ours} (paper: {theirs})")
     if seeds != PAPER_SEEDS:
         differences.append(f"{seeds} seed(s) (paper: median of {PAPER_SEEDS})")
     if models:

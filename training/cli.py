@@ -347,6 +347,8 @@ def export_command(arguments):
         raise ValueError("export needs either --run-dir (a finished run) or --model with --weights (shipped "
                          f"weights). Received: --run-dir {arguments.run_dir}, --model {arguments.model}, "
                          f"--weights {arguments.weights}")
+    if arguments.name is not None:
+        export.checked_name(arguments.name)
     images = export.read_image_files(arguments.images or [])
     if arguments.run_dir is not None:
         path = export.export_run(arguments.run_dir, arguments.output, arguments.name, arguments.version,

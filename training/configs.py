@@ -20,6 +20,22 @@ MERGES = ("addition", "no_shortcut", "constant_scaling", "exclusive_gating", "sh
           "shortcut_dropout")
 
 
+# What `Config.__post_init__` accepts of each number field, as its error says it and as it
+# checks it: numbers outside would train a useless network (a negative rate is gradient
+# ascent) or fail after training, without an error.
+NUMBER_RANGES = {
+    "learning_rate": ("> 0", lambda value: value > 0),
+    "warmup_learning_rate": (">= 0", lambda value: value >= 0),
+    "momentum": ("in [0, 1)", lambda value: 0 <= value < 1),
+    "weight_decay": (">= 0", lambda value: value >= 0),
+    "decay_factor": ("in (0, 1]", lambda value: 0 < value <= 1),
+    "duration": ("> 0", lambda value: value > 0),
+    "warmup": (">= 0", lambda value: value >= 0),
+    "gate_bias": ("", lambda value: True),
+    "shortcut_dropout": ("in [0, 1)", lambda value: 0 <= value < 1),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """One training run.
@@ -170,8 +186,20 @@ class Config:
                 "BatchNorm's statistics across replicas inside a loop. Received: scan_units=True, "
                 "synchronized_batch_norm=True"
             )
-        if self.duration <= 0:
-            raise ValueError(f"duration must be positive. Received: duration={self.duration!r}")
+        for field, (text, accepted) in NUMBER_RANGES.items():
+            value = getattr(self, field)
+            if not defaults.is_finite_number(value) or not accepted(value):
+                raise ValueError(f"{field} must be a finite number{' ' * bool(text)}{text}. Received: {field}={value!r}")
+        for field in ("train_examples", "test_examples", "validation_examples"):
+            value = getattr(self, field)
+            if value is not None and (not defaults.is_integer(value) or value < 1):
+                raise ValueError(f"{field} must be None (all) or a positive integer. Received: {field}={value!r}")
+        for field in ("normalization_std", "decay_boundaries", "scaling", "normalization_mean"):
+            values = getattr(self, field)
+            if not all(defaults.is_finite_number(value) for value in values) or (
+                    field == "normalization_std" and not all(value > 0 for value in values)):
+                raise ValueError(f"{field} must hold finite numbers{' > 0' if field == 'normalization_std' else ''}. "
+                                 f"Received: {field}={values!r}")
 
     @property
     def scaled_learning_rate(self):
@@ -201,29 +229,28 @@ class Config:
                 raise ValueError(
                     f"Each override must be field=value with a field of {sorted(fields)}. Received: {assignment!r}"
                 )
-            changes[name] = parse_value(text, getattr(self, name), name)
+            changes[name] = parse_value(text, fields[name].type, name)
         return dataclasses.replace(self, **changes)
 
 
-def parse_value(text, current, name):
-    """Parses `text` as the type of the field's current value."""
+def parse_value(text, kind, name):
+    """Parses `text` as the field's declared type `kind` (bool, int, float, tuple or str);
+    "none" is None for any field but a bool."""
+    if text.lower() == "none" and kind is not bool:
+        return None
     try:
-        if isinstance(current, bool):
+        if kind is bool:
             if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError
             return text.lower() in ("true", "1", "yes")
-        if isinstance(current, tuple):
+        if kind is tuple:
             return tuple(float(part) if "." in part else int(part) for part in text.split(",") if part)
-        if isinstance(current, int):
+        if kind is int:
             return int(text)
-        if isinstance(current, float):
+        if kind is float:
             return float(text)
     except ValueError:
-        raise ValueError(f"{name} takes a {type(current).__name__}. Received: {name}={text!r}") from None
-    if text.lower() == "none":
-        return None
-    if name in ("train_examples", "test_examples", "validation_examples"):
-        return int(text)
+        raise ValueError(f"{name} takes a {kind.__name__}. Received: {name}={text!r}") from None
     return text
 
 

@@ -20,6 +20,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import shutil
 import time
 
@@ -279,7 +280,7 @@ def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k
     training_model = keras.saving.load_model(model_path)
     network = training_model.layers[-1]
     preprocessing = Preprocessing.of(config, channels=summary["image_shape"][-1])
-    name = name or f"{summary['dataset']}_{summary['model']}"
+    name = checked_name(name or f"{summary['dataset']}_{summary['model']}")
     metadata = dict(model=summary["model"], dataset=summary["dataset"], test_error=summary["test_error"],
                     training_steps=summary["steps"], training_config=summary.get("config"))
     return export_saved_model(network, os.path.join(output, name), summary["class_names"], preprocessing,
@@ -305,7 +306,8 @@ def export_shipped(model_name, dataset="cifar10", output=DEFAULT_DIRECTORY, name
     metadata = dict(model=model_name, dataset=dataset, test_error=entry["test_error"],
                     weights=dict(file=entry["file"], sha256=entry["sha256"]),
                     training_config=entry.get("config"))
-    return export_saved_model(network, os.path.join(output, name or f"{dataset}_{model_name}"), facts["classes"],
+    name = checked_name(name or f"{dataset}_{model_name}")
+    return export_saved_model(network, os.path.join(output, name), facts["classes"],
                               preprocessing, version=version, top_k=top_k, metadata=metadata, verbose=verbose)
 
 
@@ -335,6 +337,23 @@ def classify(version_path, encoded_images):
     outputs = predict_encoded(version_path, encoded_images)
     return [[(name.decode(), float(score)) for name, score in zip(classes, scores)]
             for classes, scores in zip(outputs["classes"], outputs["scores"])]
+
+
+# A model's name is its folder under the output and the name TF Serving serves it by:
+# letters, digits, "_", "-" and ".", not starting with "." (so never "..", a path or hidden).
+MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+
+
+def checked_name(name):
+    """`name` if it is one folder name (`MODEL_NAME`), which keeps an export inside its output folder.
+
+    Raises:
+        ValueError: for a name with a path separator, "..", a leading "." or another character.
+    """
+    if not isinstance(name, str) or not MODEL_NAME.fullmatch(name):
+        raise ValueError("name must be one folder name of letters, digits, '_', '-' and '.', not starting with "
+                         f"'.' (it is the model's folder under the output). Received: name={name!r}")
+    return name
 
 
 def run_config(summary):

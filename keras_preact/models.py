@@ -129,7 +129,7 @@ def ResNet(
     classes = architecture.default_classes if classes is None else classes
     if include_top and (not defaults.is_integer(classes) or classes < 1):
         raise ValueError(f"classes must be a positive integer. Received: classes={classes!r}")
-    classes = int(classes)
+    classes = int(classes) if include_top else classes
     _check_weights(weights)
     if not isinstance(include_preprocessing, bool):
         raise ValueError(f"include_preprocessing must be True or False. Received: "

@@ -40,9 +40,11 @@ def parser():
     common.add_argument("--verbose", action="store_true",
                         help="show TensorFlow's C++ and absl log lines (hidden by default); serve: log every request")
     commands = main.add_subparsers(dest="command", required=True)
-    add_parser = commands.add_parser
-    commands.add_parser = lambda *arguments, **options: add_parser(*arguments, parents=[common], **options)
-    train = commands.add_parser(
+
+    def command(name, **options):
+        return commands.add_parser(name, parents=[common], **options)
+
+    train = command(
         "train", help="train a network (resumes from the run directory's last checkpoint)",
         description="Train a network with a config of the paper's recipe. Running the same command again "
         "resumes from the last checkpoint of its run directory.",
@@ -59,14 +61,14 @@ def parser():
                        "(default: runs/<config>-<model>)")
     train.add_argument("--seeds", type=int, default=1, help="train this many seeds (0, 1, ...) and report "
                        "the median and mean +- std of the final test error, as the paper does")
-    configs_parser = commands.add_parser(
+    configs_parser = command(
         "configs", help="list the configs (purpose, paper result, command, fields changed), or one in full",
         description="List every config: what it is for, the paper's result, the command that runs it, and the "
         "fields it changes from the defaults, one per line; with a NAME, that config's every field and what it "
         "means.")
     configs_parser.add_argument("name", nargs="?", choices=sorted(configs.CONFIGS), metavar="NAME",
                                 help=f"one of {sorted(configs.CONFIGS)}: print every field of it")
-    diagnose = commands.add_parser(
+    diagnose = command(
         "diagnose", help="measure and plot how signals and gradients propagate through the units",
         description="Measure, at initialisation and on a batch of real images, the norms of every unit's "
         "output, residual and shortcut and of the gradient at its input, for the paper's comparisons "
@@ -80,7 +82,7 @@ def parser():
     diagnose.add_argument("--data-dir", help="CIFAR-10 as an image folder; default: the embedded digits")
     diagnose.add_argument("--seed", type=int, default=0, help="seed of the networks' initialisation (default: 0)")
     diagnose.add_argument("--output", default=os.path.join("runs", "diagnose"), help="default: runs/diagnose")
-    evaluate_parser = commands.add_parser(
+    evaluate_parser = command(
         "evaluate", help="test error and per-class accuracy of shipped weights or a weights file",
         description="Evaluate a network with keras-preact's shipped weights (--weights cifar10, checked against "
         "their SHA-256) or a .weights.h5 file saved from the same network on the test split of a CIFAR-10-like "
@@ -95,7 +97,7 @@ def parser():
     evaluate_parser.add_argument("--data-dir", help="the image folder, or tensorflow-datasets' data directory")
     evaluate_parser.add_argument("--batch-size", type=int, default=defaults.EVALUATION_BATCH_SIZE,
                                  help=f"images per inference batch (default: {defaults.EVALUATION_BATCH_SIZE})")
-    publish = commands.add_parser(
+    publish = command(
         "publish", help="put a finished CIFAR-10 run's network into the model zoo (keras_preact/weights)",
         description="Save the network of a finished CIFAR-10 run as keras_preact/weights/cifar10_<name>.weights.h5 "
         "and register it (SHA-256, test error of the saved file, the run's config, command and hours), so that "
@@ -104,12 +106,12 @@ def parser():
     publish.add_argument("--run-dir", required=True, help="a finished run of `python -m training train`")
     publish.add_argument("--name", required=True, help="the network's name, e.g. resnet20 or resnet20_original")
     publish.add_argument("--data-dir", help="the run's data, to evaluate the saved file (default: the run's)")
-    commands.add_parser(
+    command(
         "zoo", help="print the model zoo's table: the shipped networks, their test error beside the published",
         description="Print, as Markdown, every network with shipped CIFAR-10 weights: unit, parameters, final "
         "test error on the 10,000 test images beside the paper's and two reimplementations', training hours, "
         "recipe, file size and SHA-256 (from keras_preact/weights/registry.json).")
-    compare = commands.add_parser(
+    compare = command(
         "compare", help="finished runs side by side: final error, hours, a time-to-accuracy plot",
         description="Compare finished runs (e.g. one network under different schedules, evaluated on a "
         "validation split): write time_to_accuracy.png (error against training hours) and comparison.md "
@@ -120,7 +122,7 @@ def parser():
     compare.add_argument("--images-per-second", type=float,
                          help="the runs' measured training rate on this machine, for their hours (default: "
                          "each run's logged hours, which count stretches that shared the CPU)")
-    export_parser = commands.add_parser(
+    export_parser = command(
         "export", help="export a trained run or shipped weights as a SavedModel for TF Serving, then check it",
         description="Export the model of a finished training run (--run-dir), or a network with keras-preact's "
         "shipped weights (--model, --weights cifar10), to <output>/<name>/<version>/ with the signatures "
@@ -139,7 +141,7 @@ def parser():
     export_parser.add_argument("--version", type=int, help="version number (default: one more than the highest there)")
     export_parser.add_argument("--top-k", type=int, default=defaults.DEFAULT_TOP_K,
                                 help=f"classes each prediction lists (default: {defaults.DEFAULT_TOP_K})")
-    serve_parser = commands.add_parser(
+    serve_parser = command(
         "serve", help="serve an exported model over TF Serving's REST API",
         description="Serve the highest version of a model folder at /v1/models/<name> with TF Serving's REST "
         "API (GET status and metadata, POST :predict with instances or inputs, images as {\"b64\": ...}).",
@@ -150,14 +152,14 @@ def parser():
                                help=f"port (default: {defaults.DEFAULT_PORT}, TF Serving's REST port)")
     serve_parser.add_argument("--max-batch", type=int, default=defaults.DEFAULT_MAX_BATCH,
                                help=f"most instances per request (default: {defaults.DEFAULT_MAX_BATCH})")
-    query = commands.add_parser("query", help="send image files to a TF Serving REST endpoint, print top-k classes")
+    query = command("query", help="send image files to a TF Serving REST endpoint, print top-k classes")
     query.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP)")
     query.add_argument("--model", required=True, help="the served model's name")
     server = f"http://127.0.0.1:{defaults.DEFAULT_PORT}"
     query.add_argument("--server", default=server, help=f"default: {server}")
     query.add_argument("--top-k", type=int, default=defaults.DEFAULT_TOP_K,
                        help=f"classes to print per image (default: {defaults.DEFAULT_TOP_K})")
-    tune_parser = commands.add_parser(
+    tune_parser = command(
         "tune", help="search the gates' bias b_g (Table 1) with keras-tuner, then train and test the best",
         description="Search b_g from 0 to -10 (step -1) for exclusive and shortcut-only gating with keras-tuner, "
         "on a validation split held out of the training set; train the best on the whole training set and "
@@ -176,7 +178,7 @@ def parser():
                               help="validation evaluations per trial (Hyperband's epochs, at least 3; default: 1)")
     tune_parser.add_argument("--no-retrain", action="store_true",
                               help="skip training the best on the whole training set")
-    ablate = commands.add_parser(
+    ablate = command(
         "ablate", help="train every variant of the paper's Table 1, 2 or 3 and set the results beside the paper's",
         description="Train every variant of a table of the paper for --seeds seeds and write the table (median, "
         "mean +- std of the final test error, the paper's figure beside) and the training curves of all "

@@ -308,9 +308,10 @@ ABOUT = {
     "cifar10_cpu": dict(
         purpose="The zoo's recipe on a CPU (keras_preact/weights): the paper's CIFAR-10 recipe on CIFAR-10 as JPEG "
                 "folders, lr 0.1 after a first epoch at 0.01, the schedule shortened to 30 epochs (the paper: 164), "
-                "/10 at half and three quarters of it as the paper's 32k and 48k of 64k (README, Model zoo).",
+                "/10 at half and three quarters of it as the paper's 32k and 48k of 64k; the zoo trains it with "
+                "--set schedule=cosine, chosen on a validation split (README, Model zoo).",
         paper="He et al. 2015, Table 6 (164 epochs): ResNet-20 8.75 %, ResNet-56 6.97 % test error.",
-        command="python -m training train --config cifar10_cpu --model resnet20 "
+        command="python -m training train --config cifar10_cpu --model resnet20 --set schedule=cosine "
                 "--data-dir ~/.cache/keras-preact/cifar10-jpeg"),
     "digits_demo": dict(
         purpose="The main job: a pre-activation ResNet-20 on scikit-learn's 8x8 handwritten digits, offline, about "

@@ -3,7 +3,6 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: demo test test-tensorflow test-jax clean
 

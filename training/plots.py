@@ -13,6 +13,11 @@ def read_log(csv_path):
         return list(csv.DictReader(file))
 
 
+def evaluated_split(rows):
+    """"validation" for a run that held out a validation split (and never read the test set), else "test"."""
+    return "validation" if any(row.get("validation_error") for row in rows) else "test"
+
+
 def training_curves(csv_path, png_path, title=""):
     """Test (or validation) error (%, solid, left axis) and training loss (dashed, right axis) against
     iterations, as the paper draws them. Returns `png_path`."""
@@ -21,7 +26,7 @@ def training_curves(csv_path, png_path, title=""):
     loss_axis = error_axis.twinx()
     steps = [int(row["step"]) for row in rows]
     loss_axis.plot(steps, [float(row["loss"]) for row in rows], "--", color="tab:blue", linewidth=1, label="training loss")
-    split = "validation" if any(row.get("validation_error") for row in rows) else "test"
+    split = evaluated_split(rows)
     evaluated = [row for row in rows if row[f"{split}_error"]]
     error_axis.plot([int(row["step"]) for row in evaluated], [100 * float(row[f"{split}_error"]) for row in evaluated],
                     "-", color="tab:red", linewidth=2, marker="o" if len(evaluated) < 30 else None,
@@ -52,7 +57,7 @@ def time_to_accuracy(runs, png_path, title=""):
     """
     figure, axis = plt.subplots(figsize=(7, 4.5), dpi=120)
     for label, (rows, hours_per_step) in runs.items():
-        split = "validation" if any(row.get("validation_error") for row in rows) else "test"
+        split = evaluated_split(rows)
         evaluated = [row for row in rows if row[f"{split}_error"]]
         axis.plot([int(row["step"]) * hours_per_step for row in evaluated],
                   [100 * float(row[f"{split}_error"]) for row in evaluated], "-", marker="o", markersize=3,

@@ -21,7 +21,7 @@ _NAMES = {
                "ShortcutOnlyGating"),
     "models": ("MODELS", "CifarResNet", "ResNet", "ResNet18", "ResNet20", "ResNet32", "ResNet34", "ResNet44",
                "ResNet50", "ResNet56", "ResNet101", "ResNet110", "ResNet110OneLayer", "ResNet152", "ResNet164",
-               "ResNet200", "ResNet1001", "ResNet1202", "copy_weights", "get_model", "list_models"),
+               "ResNet200", "ResNet1001", "ResNet1202", "copy_weights", "get_model", "list_models", "separate_units"),
     "pretrained": ("decode_predictions", "preprocess_input"),
     "stacked": ("StackedUnits",),
     "units": ("BatchNormAfterAdditionUnit", "OriginalUnit", "PreActivationUnit", "ReLUBeforeAdditionUnit",

@@ -22,7 +22,7 @@ import math
 import keras
 import numpy as np
 
-from keras_preact import stacked
+from keras_preact import models, stacked
 from keras_preact import units as unit_layers
 
 
@@ -59,19 +59,11 @@ class IdentityCheck:
 
 
 def residual_units(model):
-    """The residual units of `model`, in order.
-
-    Raises:
-        ValueError: if `model` runs units in loops (`scan_units=True`): their layers
-            exist once per loop, not once per unit.
+    """The residual units of `model`, in order; a model that runs units in loops
+    (`scan_units=True`) is first rebuilt with separate units (`models.separate_units`,
+    the same weights), whose units these are.
     """
-    loops = [layer.name for layer in model.layers if isinstance(layer, stacked.StackedUnits)]
-    if loops:
-        raise ValueError(
-            "The analysis measures each unit as a layer of its own; this model runs units in loops "
-            f"({', '.join(loops)}). Copy its weights into the same network built with scan_units=False "
-            f"(keras_preact.copy_weights) and analyse that. Received: model={model.name}"
-        )
+    model = models.separate_units(model)
     return [layer for layer in model.layers if isinstance(layer, unit_layers.ResidualUnit)]
 
 
@@ -80,7 +72,9 @@ def propagation(model, images, labels, loss=None):
 
     Args:
         model: a keras-preact network, or any Keras model whose layers form a chain
-            (each reads the previous one's output) and include residual units.
+            (each reads the previous one's output) and include residual units. Units
+            run as loops are measured one by one in the same network of separate
+            units (`models.separate_units`).
         images: a batch of inputs the model takes.
         labels: integer labels of the batch.
         loss: `loss(labels, outputs)`; cross-entropy on the model's outputs (logits,
@@ -94,7 +88,8 @@ def propagation(model, images, labels, loss=None):
         ValueError: for a model that is not a chain or has no residual unit, or a
             backend other than tensorflow and jax.
     """
-    layers = _chain(model)
+    model = models.separate_units(model)
+    layers = models.chain_layers(model)
     units = [layer for layer in layers if isinstance(layer, unit_layers.ResidualUnit)]
     if not units:
         raise ValueError(f"propagation() needs a model with residual units. Received: model={model.name!r}")
@@ -262,20 +257,6 @@ class _Branches(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         return self.unit.branches(inputs)
-
-
-def _chain(model):
-    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
-    previous = model.inputs[0]
-    for layer in layers:
-        if layer.input is not previous:
-            raise ValueError(
-                "propagation() needs a model whose layers form a chain, each reading the previous "
-                f"one's output (every keras-preact network does). Received: layer {layer.name!r} of "
-                f"model {model.name!r} reads another tensor"
-            )
-        previous = layer.output
-    return layers
 
 
 def _norm(tensor):

@@ -9,6 +9,7 @@ import functools
 import inspect
 import os
 import re
+import warnings
 
 import keras
 
@@ -30,7 +31,7 @@ def ResNet(
     stride_on=None,
     weight_decay=defaults.WEIGHT_DECAY,
     rematerialize=False,
-    scan_units=False,
+    scan_units=None,
     include_top=True,
     include_preprocessing=False,
     weights=None,
@@ -73,7 +74,11 @@ def ResNet(
             stacked weights: the same network, traced once per stage instead of once
             per unit, so that deep networks build, compile, export and load in
             seconds. Its weights are named `stage1_units2to111/conv1_kernel`, ...;
-            `copy_weights` converts between the two layouts.
+            `copy_weights` converts between the two layouts, and a weights file
+            saved from either loads into either. `None` (the default): loops where
+            a stage has at least `keras_preact.defaults.LOOPED_STAGE_UNITS` units
+            (ResNet-1001 and ResNet-1202) and the merge can be stacked (not
+            `ShortcutDropout`), separate units otherwise.
         include_top: whether to end with the fully connected classifier.
         include_preprocessing: take 0-255 pixels and normalise them inside the model
             (`keras_preact.preprocess_input` as a first layer: CIFAR-10's per-channel
@@ -120,11 +125,15 @@ def ResNet(
     units.check_choice("unit", unit, units.UNITS)
     units.check_choice("shortcut", shortcut, ("identity", "projection"))
     units.check_choice("pooling", pooling, POOLINGS)
-    for argument, value in (("rematerialize", rematerialize), ("scan_units", scan_units)):
-        if not isinstance(value, bool):
-            raise ValueError(f"{argument} must be True or False. Received: {argument}={value!r}")
+    if not isinstance(rematerialize, bool):
+        raise ValueError(f"rematerialize must be True or False. Received: rematerialize={rematerialize!r}")
+    if scan_units is not None and not isinstance(scan_units, bool):
+        raise ValueError(f"scan_units must be True, False or None (loops for the deepest networks). "
+                         f"Received: scan_units={scan_units!r}")
     if merge is not None and not isinstance(merge, merges.Merge):
         raise ValueError(f"merge must be a layer from keras_preact.merges or None. Received: merge={merge!r}")
+    if scan_units is None:
+        scan_units = loops_by_default(architecture, merge)
     weight_decay = defaults.validate_weight_decay(weight_decay)
     classes = architecture.default_classes if classes is None else classes
     if include_top and (not defaults.is_integer(classes) or classes < 1):
@@ -206,26 +215,64 @@ def ResNet(
     model = keras.Model(model_inputs, x, name=name or default_name)
     if shipped is not None:
         # The file holds the whole network, units separate: load it as such, copy what this model has.
-        trained = ResNet(architecture, unit=unit, include_preprocessing=include_preprocessing,
+        trained = ResNet(architecture, unit=unit, include_preprocessing=include_preprocessing, scan_units=False,
                          classes=len(pretrained.DATASETS[weights]["classes"]), classifier_activation=classifier_activation)
         load_weights_file(trained, pretrained.verified_file(shipped))
         copy_weights(trained, model)
     elif weights is not None:
-        load_weights_file(model, weights)
+        # The same network in the other layout, for a file saved from it.
+        other_layout = functools.partial(
+            ResNet, architecture, unit=unit, shortcut=shortcut, merge=merge, downsample_shortcut=downsample_shortcut,
+            stride_on=stride_on, weight_decay=weight_decay, scan_units=not scan_units, include_top=include_top,
+            include_preprocessing=include_preprocessing, input_shape=tuple(inputs.shape[1:]), pooling=pooling,
+            classes=classes, classifier_activation=classifier_activation)
+        load_weights_file(model, weights, None if _has_unstackable_merge(merge) else other_layout)
     return model
 
 
-def load_weights_file(model, path):
+def loops_by_default(architecture, merge=None):
+    """`scan_units=None`'s choice: units as loops where a stage of `architecture` has at
+    least `defaults.LOOPED_STAGE_UNITS` units and `merge` can be stacked."""
+    return max(architecture.units_per_stage) >= defaults.LOOPED_STAGE_UNITS and not _has_unstackable_merge(merge)
+
+
+def _has_unstackable_merge(merge):
+    """A merge with random state of its own per unit, which `StackedUnits` cannot stack."""
+    return isinstance(merge, merges.ShortcutDropout)
+
+
+def load_weights_file(model, path, other_layout=None):
     """`model.load_weights(path)`, its errors naming the file.
 
+    `other_layout`: where given, a function that builds the same network with the other
+    `scan_units` layout; a file that does not fit `model` is then tried in that network
+    and, if it fits there, its weights are copied into `model` (`copy_weights`).
+
     Raises:
-        ValueError: for a file that cannot be read or does not fit the model.
+        ValueError: for a file that cannot be read or fits neither layout.
     """
     try:
-        model.load_weights(path)
+        # Keras warns of each loop it cannot fill from a file of separate units before it fails.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.load_weights(path)
     except Exception as error:
-        raise ValueError(f"Could not load the weights file {os.fspath(path)} into {model.name} (a truncated, "
-                         f"corrupt file, or one saved from another network): {error}") from error
+        failure = error
+    else:
+        for warning in caught:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        return
+    if other_layout is not None and os.path.isfile(path):
+        other = other_layout()
+        try:
+            other.load_weights(path)
+        except Exception:
+            pass
+        else:
+            copy_weights(other, model)
+            return
+    raise ValueError(f"Could not load the weights file {os.fspath(path)} into {model.name} (a truncated, "
+                     f"corrupt file, or one saved from another network): {failure}") from failure
 
 
 def _preactivation(stage, index):
@@ -282,6 +329,53 @@ def copy_weights(source, target):
                 layer.set_unit_weights(index, weights[name])
         else:
             layer.set_weights(weights[layer.name])
+
+
+def separate_units(model):
+    """`model` with each loop of units (`StackedUnits`) as separate units, the same weights.
+
+    The network a model function builds with `scan_units=False`, made from any model
+    whose layers form a chain (every keras-preact network): for `keras_preact.analysis`,
+    which measures units one by one, or to save a file in the other layout. A model
+    without loops is returned as it is.
+
+    Raises:
+        ValueError: for a model with loops whose layers do not form a chain.
+    """
+    if not any(isinstance(layer, stacked.StackedUnits) for layer in model.layers):
+        return model
+    inputs = keras.Input(shape=model.inputs[0].shape[1:], dtype=model.inputs[0].dtype, name=model.inputs[0].name)
+    x = inputs
+    for layer in chain_layers(model):
+        if isinstance(layer, stacked.StackedUnits):
+            unit_config = layer.unit.get_config()
+            for name in _unit_names(layer):
+                x = type(layer.unit).from_config({**unit_config, "name": name})(x)
+        else:
+            x = type(layer).from_config(layer.get_config())(x)
+    separate = keras.Model(inputs, x, name=model.name)
+    copy_weights(model, separate)
+    return separate
+
+
+def chain_layers(model):
+    """The layers of `model` after its input, checked to form a chain (each reads the
+    previous one's output).
+
+    Raises:
+        ValueError: naming the first layer that reads another tensor.
+    """
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    previous = model.inputs[0]
+    for layer in layers:
+        if layer.input is not previous:
+            raise ValueError(
+                "This needs a model whose layers form a chain, each reading the previous one's output "
+                f"(every keras-preact network does). Received: layer {layer.name!r} of model "
+                f"{model.name!r} reads another tensor"
+            )
+        previous = layer.output
+    return layers
 
 
 def _check_weights(weights):

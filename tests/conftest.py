@@ -12,8 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CIFAR_ARCHIVE = os.path.join(ROOT, "..", "shared", "data", "cifar10-jpeg.tar.xz")
 
 
-# Saving and loading the deepest networks takes 60-90 s each on a 2-core CPU: those four
-# run with -m slow (the other 26 registered networks' save and load stay in the default run).
+# Saving and loading the deepest networks takes about 20 s each on a 2-core CPU (their units
+# as loops, the default; 60-90 s with separate units): those four run with -m slow (the
+# other 26 registered networks' save and load stay in the default run).
 SLOW_PARAMETERS = {"test_keras_save_and_load_give_identical_outputs": {"resnet1001", "resnet1001_original",
                                                                       "resnet1202", "resnet1202_original"}}
 

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 
+import keras_preact
 from keras_preact import defaults
 from training import configs, recipe
 
@@ -143,6 +144,7 @@ def test_model_fit_on_arrays_with_the_recipe():
                                             "normalization_std=(0, 62.1, 66.7)"),
         (["test_examples=0"], "test_examples must be None (all) or a positive integer. Received: test_examples=0"),
         (["train_examples=-5"], "train_examples must be None (all) or a positive integer. Received: train_examples=-5"),
+        (["nesterov=none"], "nesterov takes a bool. Received: nesterov='none'"),
     ],
 )
 def test_bad_overrides(overrides, message):
@@ -161,6 +163,18 @@ def test_override_parses_each_field_as_its_declared_type():
     config = configs.get_config("cifar10_cpu", ["duration=0.5", "warmup=0", "unit=none", "train_examples=none"])
     assert (config.duration, config.warmup, config.unit, config.train_examples) == (0.5, 0.0, None, None)
     assert type(config.duration) is float
+    assert configs.get_config("cifar10_resnet1001_torch", ["scan_units=none"]).scan_units is None
+
+
+@pytest.mark.parametrize("overrides, loops", [
+    ([], True), (["scan_units=false"], False), (["synchronized_batch_norm=true"], False)],
+    ids=["the model function's choice", "separate units asked", "synchronized BatchNorm"])
+def test_scan_units_none_is_the_model_functions_choice_but_with_synchronized_batch_norm(overrides, loops):
+    """ResNet-1001 trains with its units as loops by default, except where BatchNorm's
+    statistics are reduced across replicas, which a loop cannot do."""
+    config = configs.get_config("cifar10_paper", ["model=resnet1001", *overrides])
+    network = recipe.network_of(config, (32, 32, 3), 10)
+    assert any(isinstance(layer, keras_preact.StackedUnits) for layer in network.layers) is loops
 
 
 def test_override_parses_types():

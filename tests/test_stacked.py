@@ -127,7 +127,7 @@ def test_weight_decay_is_the_separate_units_decay():
 
 
 def test_resnet1001_holds_three_loops_and_its_parameter_count():
-    model = keras_preact.ResNet1001(scan_units=True)
+    model = keras_preact.ResNet1001()  # loops by default: 111 units per stage
     loops = [layer for layer in model.layers if isinstance(layer, stacked.StackedUnits)]
     assert [loop.name for loop in loops] == ["stage1_units2to111", "stage2_units2to111", "stage3_units2to111"]
     total, trainable = PARAMETER_COUNTS["resnet1001"]
@@ -158,7 +158,8 @@ def test_copy_weights_round_trips_and_refuses_another_network():
 
 
 @pytest.mark.parametrize("build, message", [
-    (lambda: keras_preact.ResNet20(scan_units="yes"), "scan_units must be True or False. Received: scan_units='yes'"),
+    (lambda: keras_preact.ResNet20(scan_units="yes"),
+     r"scan_units must be True, False or None \(loops for the deepest networks\). Received: scan_units='yes'"),
     (lambda: stacked.StackedUnits(units.PreActivationUnit(16, strides=2, shortcut="projection"), 3),
      "unit must keep its input's shape"),
     (lambda: stacked.StackedUnits(units.PreActivationUnit(16), 0), "count must be a positive integer. Received: count=0"),
@@ -174,11 +175,57 @@ def test_bad_arguments_raise_clear_errors(build, message):
         build()
 
 
-def test_analysis_refuses_loops_and_reaches_their_batch_norms():
-    model = keras_preact.ResNet20(classes=10, scan_units=True)
-    with pytest.raises(ValueError, match="this model runs units in loops .stage1_units2to3, stage2_units2to3, "
-                                         "stage3_units2to3.. Copy its weights"):
-        keras_preact.analysis.residual_units(model)
+def test_loops_by_default_only_where_a_stage_has_100_units():
+    """`scan_units=None`: loops for ResNet-1001 and ResNet-1202, where separate units take
+    minutes to the first step; separate units up to ImageNet's 36 units per stage, and for
+    ShortcutDropout, which cannot be stacked."""
+    def looped(architecture, merge=None):
+        return keras_preact.models.loops_by_default(keras_preact.ARCHITECTURES[architecture], merge)
+
+    assert [name for name in keras_preact.ARCHITECTURES if looped(name)] == ["resnet1001", "resnet1202"]
+    assert not looped("resnet1001", merges.ShortcutDropout(0.5))
+    assert looped("resnet1001", merges.ExclusiveGating(gate_bias=-6))
+    loops = [layer for layer in keras_preact.ResNet1202().layers if isinstance(layer, stacked.StackedUnits)]
+    assert [loop.count for loop in loops] == [199, 199, 199]
+    assert not any(isinstance(layer, stacked.StackedUnits) for layer in keras_preact.ResNet164().layers)
+    dropout = keras_preact.ResNet1001(unit="original", merge=merges.ShortcutDropout(0.5))
+    assert dropout.get_layer("stage3_unit111") is not None
+
+
+@pytest.mark.parametrize("saved_with_loops", [True, False], ids=["loops into separate", "separate into loops"])
+def test_a_weights_file_loads_into_either_layout(tmp_path, saved_with_loops):
+    separate, looped = twins(NETWORKS["original ResNet-20, projections"])
+    path = str(tmp_path / "network.weights.h5")
+    (looped if saved_with_loops else separate).save_weights(path)
+    build = NETWORKS["original ResNet-20, projections"]
+    loaded = build(weights=path, scan_units=saved_with_loops is False)
+    assert any(isinstance(layer, stacked.StackedUnits) for layer in loaded.layers) is not saved_with_loops
+    images = random_images((4, 32, 32, 3), seed=5)
+    np.testing.assert_allclose(np.array(loaded(images, training=True)), np.array(separate(images, training=True)),
+                               rtol=1e-5, atol=1e-6)
+    for want, got in zip(keras_preact.separate_units(loaded).get_weights(), separate.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_weights_file_of_another_network_fits_neither_layout(tmp_path):
+    path = str(tmp_path / "resnet32.weights.h5")
+    keras_preact.ResNet32(classes=10).save_weights(path)
+    with pytest.raises(ValueError, match=f"Could not load the weights file {path} into resnet20"):
+        keras_preact.ResNet20(classes=10, weights=path)
+
+
+def test_analysis_measures_looped_units_one_by_one_and_reaches_their_batch_norms():
+    separate, model = twins(NETWORKS["pre-activation ResNet-20"])
+    assert [unit.name for unit in keras_preact.analysis.residual_units(model)] == [
+        f"stage{stage}_unit{index}" for stage in (1, 2, 3) for index in (1, 2, 3)]
+    assert [unit.name for unit in keras_preact.analysis.stage_units(model, 2)] == ["stage2_unit2", "stage2_unit3"]
+    images, labels = random_images((4, 32, 32, 3), seed=6), np.arange(4)
+    for got, want in zip(keras_preact.analysis.propagation(model, images, labels),
+                         keras_preact.analysis.propagation(separate, images, labels), strict=True):
+        assert got.name == want.name
+        np.testing.assert_allclose([got.output_norm, got.input_gradient_norm, got.weight_gradient_norm],
+                                   [want.output_norm, want.input_gradient_norm, want.weight_gradient_norm], rtol=1e-4)
+    assert keras_preact.separate_units(separate) is separate
     norms = [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
     assert len(norms) == len([layer for layer in stacked.all_layers(keras_preact.ResNet20(classes=10))
                               if isinstance(layer, keras.layers.BatchNormalization)]) - 3 * 2  # a unit less per stage

@@ -10,8 +10,8 @@
     python -m training compare RUN_DIR RUN_DIR                    # error against hours, side by side
     python -m training export --run-dir runs/demo                 # a SavedModel for TF Serving
     python -m training export --model resnet20 --weights cifar10 --images docs/cifar10/*.jpg   # shipped weights
-    python -m training serve saved_models/digits_resnet20         # TF Serving's REST API, locally
-    python -m training query --model digits_resnet20 digit.png    # top-k classes from a server
+    python -m training serve saved_models/cifar10_resnet20        # TF Serving's REST API, locally
+    python -m training query --model cifar10_resnet20 docs/cifar10/cat_0000.jpg    # top-k classes from a server
     python -m training tune --config cifar10_paper --data-dir ~/tensorflow_datasets   # Table 1's b_g search
     python -m training ablate --table 2 --models resnet20 --set duration=2000      # Table 2, small budget
 """

@@ -1,6 +1,6 @@
 """A client of TF Serving's REST API (and of `python -m training serve`): standard library only.
 
-    python -m training query --model digits_resnet20 digit.png --top-k 3
+    python -m training query --model cifar10_resnet20 docs/cifar10/cat_0000.jpg --top-k 3
 """
 
 import base64

@@ -56,7 +56,8 @@ class Config:
         scan_units: run units 2 to the last of each stage as one loop over stacked
             weights (`keras_preact.stacked.StackedUnits`): the same network, built,
             compiled and exported in seconds at any depth. Not with
-            `synchronized_batch_norm`.
+            `synchronized_batch_norm`. `None`: the model function's choice (loops for
+            ResNet-1001 and ResNet-1202; separate units with `synchronized_batch_norm`).
         dataset: "digits" (embedded, offline), "cifar10", "cifar100" (tensorflow-datasets),
             "imagenet2012" (tensorflow-datasets, manual download) or "folder" (an
             image folder `data_dir/{train,test}/<class>/*.jpg`).
@@ -113,7 +114,7 @@ class Config:
     scaling: tuple = (0.5, 1.0)
     shortcut_dropout: float = 0.5
     rematerialize: bool = False
-    scan_units: bool = False
+    scan_units: bool = None
     dataset: str = "cifar10"
     data_dir: str = None
     image_size: int = 32
@@ -229,14 +230,14 @@ class Config:
                 raise ValueError(
                     f"Each override must be field=value with a field of {sorted(fields)}. Received: {assignment!r}"
                 )
-            changes[name] = parse_value(text, fields[name].type, name)
+            changes[name] = parse_value(text, fields[name].type, name, optional=fields[name].default is None)
         return dataclasses.replace(self, **changes)
 
 
-def parse_value(text, kind, name):
+def parse_value(text, kind, name, optional=False):
     """Parses `text` as the field's declared type `kind` (bool, int, float, tuple or str);
-    "none" is None for any field but a bool."""
-    if text.lower() == "none" and kind is not bool:
+    "none" is None for any field but a bool, and for a bool whose default is None (`optional`)."""
+    if text.lower() == "none" and (kind is not bool or optional):
         return None
     try:
         if kind is bool:

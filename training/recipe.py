@@ -207,7 +207,8 @@ def network_of(config, input_shape, classes):
         classifier_activation=None,
         weight_decay=config.weight_decay,
         rematerialize=config.rematerialize,
-        scan_units=config.scan_units,
+        # Loops cannot reduce BatchNorm's statistics across replicas (Config's check).
+        scan_units=False if config.scan_units is None and config.synchronized_batch_norm else config.scan_units,
         merge=MERGES[config.merge](config),
         **options,
     )

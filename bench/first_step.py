@@ -1,0 +1,91 @@
+"""The README's first block, timed: a model function, `compile`, then `fit` on a tf.data pipeline.
+
+    python bench/first_step.py                                          # ResNet-1001, default layout
+    python bench/first_step.py --models resnet110 resnet164 resnet1001 --layouts separate loops
+
+What a new user meets (issue 16): for each network and layout, in a fresh process,
+the seconds to build it (`keras_preact.get_model`), and through `model.fit` on 32x32
+random images in a `tf.data` pipeline at `--batch` (8, the README's): the seconds from
+calling `fit` to the end of its first step (tracing included), the median seconds of
+the later steps, and the process's peak resident memory. Layouts: `default` (the
+model function's own choice, `scan_units=None`), `separate` (`scan_units=False`, a
+layer per unit) and `loops` (`scan_units=True`).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from harness import peak_resident_gibibytes  # noqa: E402  (bench/, the script's folder)
+
+LAYOUTS = {"default": None, "separate": False, "loops": True}
+
+
+def measure(name, layout, batch, steps):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import keras_preact
+
+    started = time.perf_counter()
+    model = keras_preact.get_model(name, scan_units=LAYOUTS[layout])
+    build_seconds = time.perf_counter() - started
+    model.compile("sgd", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    random = np.random.default_rng(0)
+    images = random.normal(size=(batch * (steps + 1), *model.input_shape[1:])).astype("float32")
+    labels = random.integers(0, model.output_shape[-1], size=len(images))
+    dataset = tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch)
+
+    ends = []
+
+    class StepEnds(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            ends.append(time.perf_counter())
+
+    started = time.perf_counter()
+    model.fit(dataset, epochs=1, verbose=0, callbacks=[StepEnds()])
+    later = [after - before for before, after in zip(ends, ends[1:])]
+    loops = any(isinstance(layer, keras_preact.StackedUnits) for layer in model.layers)
+    return dict(model=name, layout=layout, loops=loops, batch=batch, build_s=build_seconds,
+                first_step_s=ends[0] - started, step_s=statistics.median(later) if later else None,
+                peak_gib=peak_resident_gibibytes())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet1001"], help="keras-preact networks")
+    parser.add_argument("--layouts", nargs="+", default=["default"], choices=sorted(LAYOUTS))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps after the first")
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.one:
+        print(json.dumps(measure(*arguments.one, arguments.batch, arguments.steps)))
+        return
+    from training_throughput import machine
+
+    print(f"machine: {machine()}; {time.strftime('%Y-%m-%d')}")
+    print("| model | layout | units as loops | batch | build s | fit to first step s | later step s | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in arguments.models:
+        for layout in arguments.layouts:
+            command = [sys.executable, os.path.abspath(__file__), "--one", name, layout,
+                       "--batch", str(arguments.batch), "--steps", str(arguments.steps)]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"{name} {layout} failed: {result.stderr.strip().splitlines()[-1:]}")
+            row = json.loads(result.stdout.strip().splitlines()[-1])
+            print(f"| {row['model']} | {row['layout']} | {'yes' if row['loops'] else 'no'} | {row['batch']} | "
+                  f"{row['build_s']:.1f} | {row['first_step_s']:.1f} | {row['step_s']:.3f} | {row['peak_gib']:.2f} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -225,12 +225,68 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     process.wait()
     assert not (resumed_dir / "summary.json").exists(), "the run finished before it was killed"
 
+    # The newest checkpoint truncated (a crash while writing, a full disk) and the index
+    # file garbage: the run resumes from the checkpoint before, and loses nothing.
+    steps = sorted(int(path.name[len("ckpt-"):-len(".index")]) for path in checkpoints.glob("ckpt-*.index"))
+    assert len(steps) >= 2, steps
+    newest = next(checkpoints.glob(f"ckpt-{steps[-1]}.data-*"))
+    newest.write_bytes(newest.read_bytes()[:100])
+    (checkpoints / "checkpoint").write_text("model_checkpoint_path: \"ckpt-\x00garbage\n")
+
     resumed = run_training("--run-dir", str(resumed_dir), *SHORT)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Resuming from" in resumed.stdout
+    assert f"Checkpoint {checkpoints / f'ckpt-{steps[-1]}'} cannot be restored" in resumed.stdout
+    assert f"Resuming from {checkpoints / f'ckpt-{steps[-2]}'} at step {steps[-2]} of 44." in resumed.stdout
     for whole, again in zip(final_weights(tmp_path / "whole"), final_weights(resumed_dir)):
         np.testing.assert_array_equal(whole, again)
     assert digest(resumed.stdout) == digest(uninterrupted.stdout)
+
+
+def test_a_run_whose_checkpoints_are_all_unreadable_stops_and_names_them(tmp_path):
+    checkpoints = tmp_path / "broken" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    for name in ("ckpt-5.index", "ckpt-5.data-00000-of-00001"):
+        (checkpoints / name).write_bytes(b"not a checkpoint")
+    result = run_training("--run-dir", str(tmp_path / "broken"), *SHORT)
+    assert result.returncode == 4
+    assert f"error: No checkpoint in {checkpoints} can be restored" in result.stderr
+    assert f"{checkpoints / 'ckpt-5'}: " in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "broken" / "log.csv").exists()
+
+
+def image_folder_of(root, layout):
+    """`root/{split}/{class}/{n}.jpg` for {(split, class): images}: small random JPEGs."""
+    for (split, name), count in layout.items():
+        folder = root / split / name
+        folder.mkdir(parents=True)
+        for index in range(count):
+            pixels = np.random.default_rng(index).integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
+            (folder / f"{index}.jpg").write_bytes(tf.io.encode_jpeg(pixels).numpy())
+    return root
+
+
+FOLDER = {("train", "cat"): 2, ("train", "dog"): 2, ("test", "cat"): 1, ("test", "dog"): 1}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda root: (root / "train" / "empty").mkdir(),
+     "The class folder {root}/train/empty holds no images (.jpg, .jpeg, .png, .bmp, .gif): every folder of train/ "
+     "is a class. Remove it or add its images."),
+    (lambda root: image_folder_of(root, {("test", "bird"): 1}),
+     "{root}/test has classes that train/ has not, which the network could never predict: ['bird']"),
+    (lambda root: (root / "train" / "dog" / "1.jpg").write_bytes((root / "train" / "dog" / "1.jpg").read_bytes()[:200]),
+     "The train split holds files that do not decode as images (truncated or corrupt): ['{root}/train/dog/1.jpg']"),
+    (lambda root: (root / "test" / "cat" / "0.jpg").write_bytes(b"<html>not an image</html>"),
+     "The test split holds files that do not decode as images (truncated or corrupt): ['{root}/test/cat/0.jpg']"),
+], ids=["empty class folder", "test class not in train", "truncated training JPEG", "test file not an image"])
+def test_image_folder_errors_name_the_folder_or_file(tmp_path, change, message):
+    root = image_folder_of(tmp_path / "images", FOLDER)
+    config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={root}", "image_size=8")
+    assert data.load(config).class_names == ["cat", "dog"]
+    change(root)
+    with pytest.raises(ValueError) as error:
+        data.load(config)
+    assert message.format(root=root) in str(error.value)
 
 
 def test_nan_loss_stops_cleanly(tmp_path):

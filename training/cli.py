@@ -273,11 +273,12 @@ def main(argv=None):
         train_seeds(config, run_dir, arguments.seeds, command)
         return 0
     except Exception as error:
-        # Bad input exits with 2, a diverged run with 3, each with its message alone (only a
+        # Bad input exits with 2, a diverged run with 3, a run whose checkpoints are all
+        # unreadable with 4, each with its message alone (only a
         # command that trains has imported the loop).
         loop = sys.modules.get("training.loop")
         exit_codes = {ValueError: 2, FileNotFoundError: 2, FileExistsError: 2, ConnectionError: 2,
-                      **({loop.TrainingDiverged: 3} if loop else {})}
+                      **({loop.TrainingDiverged: 3, loop.CheckpointsUnreadable: 4} if loop else {})}
         code = next((code for kind, code in exit_codes.items() if isinstance(error, kind)), None)
         if code is None:
             raise

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -32,6 +33,10 @@ EVALUATION_BATCH = 500
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
+
+
+class CheckpointsUnreadable(RuntimeError):
+    """A run directory holds checkpoints and none of them can be restored."""
 
 
 def configure(config):
@@ -117,8 +122,7 @@ def train(config, run_dir, verbose=True, command=None):
     # Every worker saves (saving is collective); only the chief's copy is kept.
     checkpoint_dir = os.path.join(run_dir, "checkpoints") if chief else tempfile.mkdtemp()
     manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir, max_to_keep=3)
-    if manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint).assert_consumed()
+    restored = restore_newest_intact(checkpoint, checkpoint_dir, verbose=chief and verbose)
     first_step = int(optimizer.iterations.numpy())
 
     per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
@@ -175,7 +179,7 @@ def train(config, run_dir, verbose=True, command=None):
 
     log = TrainingLog(run_dir, first_step, chief)
     if first_step and chief and verbose:
-        print(f"Resuming from {manager.latest_checkpoint} at step {first_step} of {total_steps}.")
+        print(f"Resuming from {restored} at step {first_step} of {total_steps}.")
     distributed = strategy.distribute_datasets_from_function(
         lambda context: data.training_batches(dataset.train, config, steps_per_epoch, first_step, total_steps, context)
     )
@@ -232,6 +236,41 @@ def train(config, run_dir, verbose=True, command=None):
             f"{summary['weights_sha256'][:16]}; run in {run_dir}."
         )
     return summary
+
+
+def restore_newest_intact(checkpoint, checkpoint_dir, verbose=True):
+    """Restores the newest checkpoint of `checkpoint_dir` that reads back whole; returns its
+    path, or None where there is none (a new run).
+
+    The checkpoints are found from their files (`ckpt-<step>.index`), not from the
+    `checkpoint` index file, which a crash or a careless edit can leave wrong. A truncated
+    or deleted newest checkpoint is skipped with a message, and the one before it is used:
+    the steps since are trained again, nothing else is lost.
+
+    Raises:
+        CheckpointsUnreadable: if there are checkpoints and none of them can be restored.
+    """
+    steps = sorted((int(match.group(1)) for match in (re.fullmatch(r"ckpt-(\d+)\.index", name)
+                                                       for name in (os.listdir(checkpoint_dir)
+                                                                    if os.path.isdir(checkpoint_dir) else []))
+                    if match), reverse=True)
+    failures = []
+    for step in steps:
+        path = os.path.join(checkpoint_dir, f"ckpt-{step}")
+        try:
+            checkpoint.restore(path).assert_consumed()
+        except Exception as error:  # noqa: BLE001  (TensorFlow reports a damaged file as OpError, IndexError, ...)
+            failures.append(f"{path}: {str(error).splitlines()[0][:200]}")
+            if verbose:
+                print(f"Checkpoint {path} cannot be restored ({failures[-1]}); trying the one before it.")
+            continue
+        return path
+    if failures:
+        raise CheckpointsUnreadable(
+            f"No checkpoint in {checkpoint_dir} can be restored (truncated or corrupt files): "
+            + "; ".join(failures) + ". Move the run directory away to train from the start."
+        )
+    return None
 
 
 def weights_digest(model):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -279,6 +280,16 @@ def test_export_command_exports_a_run_and_predicts_with_the_reloaded_model(tmp_p
     logits = np.array(training_model(tf.cast(tf.io.decode_png(image)[None], tf.float32), training=False))
     np.testing.assert_allclose(outputs["logits"][0], logits[0], atol=1e-4)
     assert label == "2"
+
+    # The same run with its model.keras truncated: an error that names the file, not "File not found".
+    damaged = tmp_path / "damaged"
+    shutil.copytree(run_dir, damaged)
+    model_file = damaged / "model.keras"
+    model_file.write_bytes(model_file.read_bytes()[:1000])
+    result = subprocess.run([sys.executable, "-m", "training", "export", "--run-dir", str(damaged), "--output", output],
+                            cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"error: Could not read the run's model {model_file} (a truncated or corrupt file" in result.stderr
 
 
 def test_export_command_without_a_run_is_a_clear_error(tmp_path):

@@ -5,6 +5,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -158,6 +159,31 @@ def test_query_without_a_server_is_a_clear_error(tmp_path):
     result = subprocess.run([sys.executable, "-m", "training", "query", "--server", f"http://127.0.0.1:{free_port()}",
                              "--model", "m", str(image)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "No server answers at" in result.stderr
+
+
+def serve_command(*arguments):
+    return subprocess.run([sys.executable, "-m", "training", "serve", *arguments], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def test_serve_start_errors_name_the_port_or_file(served, tmp_path):
+    _, client, _, directory = served
+    result = serve_command(str(directory), "--port", "99999")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "error: port must be an integer from 0 (any free port) to 65535. Received: port=99999" in result.stderr
+
+    busy = int(client.url.rsplit(":", 1)[1])  # the fixture's server listens there
+    result = serve_command(str(directory), "--port", str(busy))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"error: Cannot listen on 127.0.0.1:{busy}: Address already in use" in result.stderr
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(directory, damaged)
+    graph = damaged / "1" / "saved_model.pb"
+    graph.write_bytes(graph.read_bytes()[:5000])
+    result = serve_command(str(damaged), "--port", str(free_port()))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"error: Could not load the SavedModel {damaged / '1'} (a truncated or corrupt saved_model.pb" in result.stderr
 
 
 def truncated_jpeg(pixels):

@@ -269,6 +269,7 @@ def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k
 
     Raises:
         FileNotFoundError: if `run_dir` has no finished run (model.keras, summary.json).
+        ValueError: if its model.keras cannot be read.
     """
     model_path, summary_path = (os.path.join(run_dir, file) for file in ("model.keras", "summary.json"))
     if not (os.path.exists(model_path) and os.path.exists(summary_path)):
@@ -277,7 +278,11 @@ def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k
     with open(summary_path) as file:
         summary = json.load(file)
     config = run_config(summary)
-    training_model = keras.saving.load_model(model_path)
+    try:
+        training_model = keras.saving.load_model(model_path)
+    except Exception as error:  # noqa: BLE001  (Keras reports a damaged archive as many kinds of error)
+        raise ValueError(f"Could not read the run's model {model_path} (a truncated or corrupt file: train the run "
+                         f"again, or restore the file): {type(error).__name__}: {error}") from error
     network = training_model.layers[-1]
     preprocessing = Preprocessing.of(config, channels=summary["image_shape"][-1])
     name = checked_name(name or f"{summary['dataset']}_{summary['model']}")

@@ -60,7 +60,11 @@ class ModelServer:
         self.version = int(os.path.basename(self.path))
         self.max_batch = max_batch
         self.metadata = export.read_metadata(self.path)
-        self.loaded = tf.saved_model.load(self.path)
+        try:
+            self.loaded = tf.saved_model.load(self.path)
+        except Exception as error:  # noqa: BLE001  (a damaged saved_model.pb or variables: DecodeError, OpError, ...)
+            raise ValueError(f"Could not load the SavedModel {self.path} (a truncated or corrupt saved_model.pb or "
+                             f"variables/: export it again): {type(error).__name__}: {str(error)[:300]}") from error
         self.signatures = dict(self.loaded.signatures)
 
     def status(self):
@@ -245,8 +249,14 @@ class Server(http.server.ThreadingHTTPServer):
 
 def serve(directory, host="127.0.0.1", port=DEFAULT_PORT, max_batch=DEFAULT_MAX_BATCH, verbose=False):
     """Serves the highest version of `directory` until interrupted."""
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an integer from 0 (any free port) to 65535. Received: port={port!r}")
     model = ModelServer(directory, max_batch)
-    server = Server(model, host, port, verbose)
+    try:
+        server = Server(model, host, port, verbose)
+    except OSError as error:
+        raise ValueError(f"Cannot listen on {host}:{port}: {error.strerror or error} (is another server using "
+                         f"the port? choose another with --port). Received: port={port}") from error
     print(f"Serving {model.name} version {model.version} ({model.path}) at "
           f"http://{host}:{server.server_port}/v1/models/{model.name}", flush=True)
     try:

@@ -169,7 +169,11 @@ def image_folder(config):
     return DataSet(splits["train"], splits["test"], class_names, (config.image_size, config.image_size, 3))
 
 
-def unreadable_files(split, limit=3):
+# How many unreadable files an error lists.
+UNREADABLE_LISTED = 3
+
+
+def unreadable_files(split, limit=UNREADABLE_LISTED):
     """Up to `limit` files of an image-folder split that do not decode as images
     (truncated, corrupt, or not an image at all); [] for splits held in memory."""
     if split.items is None or split.items.dtype.kind not in "SU":
@@ -191,7 +195,7 @@ def raise_for_unreadable(split, name):
     unreadable = unreadable_files(split)
     if unreadable:
         raise ValueError(f"The {name} split holds files that do not decode as images (truncated or corrupt): "
-                         f"{unreadable}{' ...' if len(unreadable) == 3 else ''}. Replace or remove them.")
+                         f"{unreadable}{' ...' if len(unreadable) == UNREADABLE_LISTED else ''}. Replace or remove them.")
 
 
 def decode_file(image_size):

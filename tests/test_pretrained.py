@@ -4,6 +4,8 @@ import json
 import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -214,6 +216,14 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     with pytest.raises(ValueError, match="name must be the run's network, 'resnet20'.*"
                                          "Received: name='resnet20_original'"):
         zoo.publish(str(run_dir), "resnet20_original")
+
+    # `python -m training publish` in a fresh process: the zoo module reads a run's
+    # model.keras (augmentation layers and all) with what it imports itself.
+    fresh = subprocess.run([sys.executable, "-c", "import sys, keras; from training import zoo; "
+                            "keras.saving.load_model(sys.argv[1])", str(run_dir / "model.keras")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
 
     entry = zoo.publish(str(run_dir), "resnet20")
     shipped = tmp_path / "weights" / "cifar10_resnet20.weights.h5"

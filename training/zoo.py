@@ -19,7 +19,7 @@ import numpy as np
 
 import keras_preact
 from keras_preact import pretrained
-from training import evaluate
+from training import evaluate, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
 # Published CIFAR-10 test errors (%) of each zoo network, for the zoo's table (shared/PAPER.md):
 # He et al. 2015 [1], Table 6 (original units, 64k iterations, the network's own row); this

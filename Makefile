@@ -14,11 +14,13 @@ $(VENV)/installed: pyproject.toml
 # Trains a pre-activation ResNet-20 on the digits shipped with scikit-learn (offline,
 # about a minute on 2 cores), evaluates it and saves it under runs/demo, then exports it
 # as the next version of saved_models/digits_resnet20/ and prints the prediction of the
-# reloaded SavedModel on a test image.
+# reloaded SavedModel on a test image; then exports the zoo's trained CIFAR-10 ResNet-20
+# and classifies the ten CIFAR-10 test images of docs/cifar10 with its reloaded SavedModel.
 demo: $(VENV)/installed
 	rm -rf runs/demo
 	$(BIN)/python -m training train --config digits_demo --run-dir runs/demo
 	$(BIN)/python -m training export --run-dir runs/demo
+	$(BIN)/python -m training export --model resnet20 --weights cifar10 --images docs/cifar10/*.jpg
 
 # Every test on TensorFlow, then the library's tests again on JAX (the largest networks
 # and TensorFlow-only tests left out there). pytest's exit code 5, no test collected,

@@ -166,6 +166,7 @@ def test_override_parses_each_field_as_its_declared_type():
     assert configs.get_config("cifar10_resnet1001_torch", ["scan_units=none"]).scan_units is None
 
 
+@pytest.mark.large
 @pytest.mark.parametrize("overrides, loops", [
     ([], True), (["scan_units=false"], False), (["synchronized_batch_norm=true"], False)],
     ids=["the model function's choice", "separate units asked", "synchronized BatchNorm"])

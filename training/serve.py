@@ -82,7 +82,8 @@ class ModelServer:
                 "metadata": {"signature_def": {"signature_def": signature_def}, "keras_preact": self.metadata}}
 
     def check_version(self, version):
-        if version is not None and int(version) != self.version:
+        # Compared as text: a 5,000-digit version is no int Python parses by default.
+        if version is not None and version.lstrip("0") != str(self.version):
             raise BadRequest(f"Servable not found for request: Specific({self.name}, {version}); this server "
                              f"serves version {self.version}.", status=404)
 
@@ -95,13 +96,16 @@ class ModelServer:
         """
         try:
             request = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise BadRequest(f"The request body is not valid JSON: {error}") from None
+        except (UnicodeDecodeError, ValueError) as error:  # ValueError: JSON errors, numbers of over 4,300 digits
+            raise BadRequest(f"The request body is not valid JSON: {str(error)[:200]}") from None
+        except RecursionError:
+            raise BadRequest("The request body is nested too deeply to read.") from None
         if not isinstance(request, dict):
             raise BadRequest(f"The request must be a JSON object. Received: {type(request).__name__}")
         name = request.get("signature_name", "serving_default")
-        if name not in self.signatures:
-            raise BadRequest(f"Unknown signature_name. Choose one of {sorted(self.signatures)}. Received: {name!r}")
+        if not isinstance(name, str) or name not in self.signatures:
+            raise BadRequest(f"Unknown signature_name. Choose one of {sorted(self.signatures)}. "
+                             f"Received: {json.dumps(name)[:80]}")
         unknown = sorted(set(request) - {"signature_name", "instances", "inputs"})
         if unknown or ("instances" in request) == ("inputs" in request):
             raise BadRequest("The request needs exactly one of 'instances' (row format) or 'inputs' (columnar), "
@@ -119,7 +123,13 @@ class ModelServer:
             outputs = function(**{key: tensor})
         except tf.errors.InvalidArgumentError as error:
             raise BadRequest(undecodable(tensor) if spec.dtype == tf.string else first_line(error)) from None
-        outputs = {output: to_json(value.numpy()) for output, value in outputs.items()}
+        outputs = {output: value.numpy() for output, value in outputs.items()}
+        broken = sorted({int(row) for value in outputs.values() if value.dtype.kind == "f"
+                         for row in np.nonzero(~np.isfinite(value.reshape(len(value), -1)).all(axis=1))[0]})
+        if broken:
+            raise BadRequest(f"The network's outputs are not finite (NaN or infinite) for instances {broken[:10]}: "
+                             "inputs far outside the range it was trained on.")
+        outputs = {output: to_json(value) for output, value in outputs.items()}
         if not row_format:
             return {"outputs": outputs}
         return {"predictions": [dict(zip(outputs, row)) for row in zip(*outputs.values())]}
@@ -147,7 +157,12 @@ def to_tensor(values, spec, key, max_batch):
         raise BadRequest(f"Input {key!r} holds uint8 pixels: integers from 0 to 255.")
     if not np.all(np.isfinite(array)):
         raise BadRequest(f"Input {key!r} holds a NaN or infinite value.")
-    return tf.constant(array.astype(spec.dtype.as_numpy_dtype))
+    with np.errstate(over="ignore"):
+        converted = array.astype(spec.dtype.as_numpy_dtype)
+    if not np.all(np.isfinite(converted)):
+        raise BadRequest(f"Input {key!r} holds a value too large for {spec.dtype.name} "
+                         f"(at most {np.finfo(spec.dtype.as_numpy_dtype).max:.4g}).")
+    return tf.constant(converted)
 
 
 def binary(value, key, index):

@@ -250,6 +250,42 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served, pat
     assert status == 200 and len(response["predictions"]) == 1
 
 
+def raw_exchange(port, request, timeout=60):
+    """Sends raw bytes on one connection and reads until the server closes it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as connection:
+        connection.sendall(request)
+        received = b""
+        while chunk := connection.recv(65536):
+            received += chunk
+    return received
+
+
+SMUGGLED = b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.mark.parametrize("head, body, status, message", [
+    (b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\nContent-Length: -5\r\n", b"x" * 1000, 400,
+     b"A request body needs a Content-Length of 0 or more bytes. Received: '-5'"),
+    (b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\nTransfer-Encoding: chunked\r\n",
+     b"5\r\nhello\r\n0\r\n\r\n", 411, b"Chunked or other transfer encodings are not accepted"),
+    (b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\n", b"", 411,
+     b"A request body needs a Content-Length of 0 or more bytes. Received: None"),
+    (b"POST /v1/models/nobody:predict HTTP/1.1\r\nContent-Length: %d\r\n" % len(SMUGGLED), SMUGGLED, 404,
+     b"No such resource"),
+    (b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\nContent-Length: 999999999999\r\n", SMUGGLED, 413,
+     b"The request body is too large"),
+], ids=["negative length", "chunked", "no length", "404 with a body", "413"])
+def test_a_body_not_read_whole_closes_the_connection_and_nothing_is_smuggled(served, head, body, status, message):
+    """A request whose body the server does not read is answered once, as JSON, and its
+    connection closed: a request hidden in the body is never answered (no desync)."""
+    _, client, _, _ = served
+    received = raw_exchange(int(client.url.rsplit(":", 1)[1]), head + b"Host: x\r\n\r\n" + body + SMUGGLED)
+    assert received.startswith(b"HTTP/1.1 %d " % status), received[:200]
+    assert received.count(b"HTTP/1.1 ") == 1, received
+    assert b"Connection: close" in received and message in received
+    assert json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
+
+
 def test_unknown_model_and_routes_are_not_found(served):
     _, client, _, _ = served
     status, answer = client.get("/v1/models/resnet50")

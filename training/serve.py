@@ -33,6 +33,9 @@ from training.defaults import DEFAULT_MAX_BATCH, DEFAULT_PORT
 
 # The largest request body read: 64 encoded 224 x 224 JPEGs take about 2 MB.
 MAX_BODY_BYTES = 64 * 2**20
+# Connections waiting to be accepted (the standard library's default is 5, which reset
+# clients at 32 concurrent connections).
+LISTEN_BACKLOG = 1024
 ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?(?P<action>:predict|/metadata)?$")
 
 
@@ -221,15 +224,31 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         def predict(route):
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes. "
-                                 f"Received: {length}", status=413)
-            return self.server.model.predict(self.rfile.read(length))
+            return self.server.model.predict(self.read_body())
 
         self.answer(predict, action=(":predict",))
 
+    def read_body(self):
+        """The request body, read exactly as long as its Content-Length says; anything else
+        (chunked encoding, a missing, negative or too large length) is refused."""
+        if "Transfer-Encoding" in self.headers:
+            raise BadRequest("Chunked or other transfer encodings are not accepted: send the body with a "
+                             f"Content-Length. Received: Transfer-Encoding: {self.headers['Transfer-Encoding']}", 411)
+        text = self.headers.get("Content-Length")
+        if text is None or not text.isdigit() or len(text) > 12:
+            raise BadRequest(f"A request body needs a Content-Length of 0 or more bytes. Received: {text!r}"[:200],
+                             status=411 if text is None else 400)
+        if int(text) > MAX_BODY_BYTES:
+            raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes. Received: {text}", 413)
+        body = self.rfile.read(int(text))
+        self.body_read = True
+        return body
+
     def answer(self, respond, action):
+        # A request whose body is not read whole is answered, then its connection closed: the
+        # unread bytes must never be parsed as the next request.
+        self.body_read = self.command == "GET" and "Content-Length" not in self.headers \
+            and "Transfer-Encoding" not in self.headers
         try:
             route = ROUTE.match(self.path.split("?")[0])
             model = self.server.model
@@ -246,6 +265,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if not self.body_read:
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         self.wfile.write(body)
 
@@ -256,6 +278,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, model, host, port, verbose=False):
         super().__init__((host, port), Handler)

@@ -76,9 +76,9 @@ def load(config):
         data.train, data.validation = hold_out(data.train, config.validation_examples, config.seed)
     data.train = subset(data.train, config.train_examples, config.seed)
     data.test = subset(data.test, config.test_examples, config.seed)
-    for name in ("train", "validation", "test"):
-        if getattr(data, name, None) is not None:
-            raise_for_unreadable(getattr(data, name), name)
+    for name, split in (("train", data.train), ("validation", data.validation), ("test", data.test)):
+        if split is not None:
+            raise_for_unreadable(split, name)
     return data
 
 

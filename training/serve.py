@@ -235,11 +235,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             raise BadRequest("Chunked or other transfer encodings are not accepted: send the body with a "
                              f"Content-Length. Received: Transfer-Encoding: {self.headers['Transfer-Encoding']}", 411)
         text = self.headers.get("Content-Length")
-        if text is None or not text.isdigit() or len(text) > 12:
+        if text is None or not text.isdigit():
             raise BadRequest(f"A request body needs a Content-Length of 0 or more bytes. Received: {text!r}"[:200],
                              status=411 if text is None else 400)
-        if int(text) > MAX_BODY_BYTES:
-            raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes. Received: {text}", 413)
+        # Compared by its digits first: a length of thousands of digits is no int to parse.
+        if len(text.lstrip("0")) > len(str(MAX_BODY_BYTES)) or int(text) > MAX_BODY_BYTES:
+            raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes. Received: {text[:20]}",
+                             413)
         body = self.rfile.read(int(text))
         self.body_read = True
         return body

@@ -1,24 +1,31 @@
 """`python -m training serve`: TF Serving's REST API over HTTP, against the real server process."""
 
+import asyncio
 import base64
 import concurrent.futures
+import io
 import json
 import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
+import zlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from PIL import Image
 
 import keras_preact
 from tests.test_export import CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
-from training import export
+from training import export, serve
 
 pytestmark = pytest.mark.tensorflow
 
@@ -56,6 +63,24 @@ class Client:
             return error.code, json.load(error)
 
 
+def start_server(directory, *options):
+    """`python -m training serve directory` on a free port; (process, port) once it serves."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "training", "serve", str(directory), "--port", str(port), *options],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow"),
+    )
+    line = server.stdout.readline()
+    assert line.startswith(f"Serving {directory.name} version 1"), server.stderr.read()[-3000:]
+    return server, port
+
+
+def stop_server(server):
+    server.terminate()
+    server.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A calibrated ResNet-20 exported to saved_models/cifar10_resnet20/1 and served on 127.0.0.1."""
@@ -63,17 +88,17 @@ def served(tmp_path_factory):
     network = calibrated(keras_preact.ResNet20(input_shape=CIFAR.shape, classes=10), CIFAR, pixels)
     directory = tmp_path_factory.mktemp("saved_models") / "cifar10_resnet20"
     export.export_saved_model(network, str(directory), CIFAR_CLASSES, CIFAR, verbose=False)
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "training", "serve", str(directory), "--port", str(port), "--max-batch", str(MAX_BATCH)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow"),
-    )
-    line = server.stdout.readline()
-    assert line.startswith("Serving cifar10_resnet20 version 1"), server.stderr.read()[-3000:]
+    server, port = start_server(directory, "--max-batch", str(MAX_BATCH))
     yield network, Client(f"http://127.0.0.1:{port}"), pixels, directory
-    server.terminate()
-    server.wait(timeout=30)
+    stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def limited(served):
+    """The same model served with one request in flight at most and a 2 s request timeout."""
+    server, port = start_server(served[3], "--max-in-flight", "1", "--request-timeout", "2")
+    yield port
+    stop_server(server)
 
 
 def jpegs(pixels):
@@ -172,6 +197,10 @@ def test_serve_start_errors_name_the_port_or_file(served, tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "error: port must be an integer from 0 (any free port) to 65535. Received: port=99999" in result.stderr
 
+    result = serve_command(str(directory), "--max-in-flight", "0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "error: max_in_flight must be a positive integer. Received: max_in_flight=0" in result.stderr
+
     busy = int(client.url.rsplit(":", 1)[1])  # the fixture's server listens there
     result = serve_command(str(directory), "--port", str(busy))
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -261,29 +290,45 @@ def raw_exchange(port, request, timeout=60):
 
 
 SMUGGLED = b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\nHost: x\r\n\r\n"
+PREDICT = b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\n"
 
 
 @pytest.mark.parametrize("head, body, status, message", [
-    (b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\nContent-Length: -5\r\n", b"x" * 1000, 400,
-     b"A request body needs a Content-Length of 0 or more bytes. Received: '-5'"),
-    (b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\nTransfer-Encoding: chunked\r\n",
-     b"5\r\nhello\r\n0\r\n\r\n", 411, b"Chunked or other transfer encodings are not accepted"),
-    (b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\n", b"", 411,
-     b"A request body needs a Content-Length of 0 or more bytes. Received: None"),
+    (PREDICT + b"Content-Length: -5\r\n", b"x" * 1000, 400, b"Invalid HTTP request: it does not follow HTTP/1.1"),
+    (PREDICT + b"Transfer-Encoding: chunked\r\nConnection: close\r\n",
+     b"%x\r\n%s\r\n0\r\n\r\n" % (len(SMUGGLED), SMUGGLED), 400, b"The request body is not valid JSON"),
+    (PREDICT + b"Connection: close\r\n", b"", 400, b"The request body is not valid JSON"),
     (b"POST /v1/models/nobody:predict HTTP/1.1\r\nContent-Length: %d\r\n" % len(SMUGGLED), SMUGGLED, 404,
      b"No such resource"),
-    (b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\nContent-Length: 999999999999\r\n", SMUGGLED, 413,
-     b"The request body is too large"),
-], ids=["negative length", "chunked", "no length", "404 with a body", "413"])
-def test_a_body_not_read_whole_closes_the_connection_and_nothing_is_smuggled(served, head, body, status, message):
-    """A request whose body the server does not read is answered once, as JSON, and its
-    connection closed: a request hidden in the body is never answered (no desync)."""
+    (PREDICT + b"Content-Length: 999999999999\r\n", SMUGGLED, 413, b"The request body is too large"),
+    (b"GET /v1/models/cifar10_resnet20/" + b"a" * 20_000 + b" HTTP/1.1\r\n", b"", 414,
+     b"The request line is too long: at most 16384 bytes"),
+    (b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\n" + b"X-Padding: abc\r\n" * 2000, b"", 431,
+     b"The request's headers are too large: at most 16384 bytes"),
+    (b"GARBAGE\r\n", b"", 400, b"Invalid HTTP request"),
+], ids=["negative length", "chunked", "no length", "404 with a body", "413", "414", "431", "not HTTP"])
+def test_errors_of_the_http_layer_are_json_and_nothing_is_smuggled(served, head, body, status, message):
+    """Every error is TF Serving's JSON, the HTTP layer's own too; a request whose body is not
+    read whole is answered once and its connection closed: a request hidden in a body, or
+    sent after a body of unknown length, is never answered (no desync)."""
     _, client, _, _ = served
     received = raw_exchange(int(client.url.rsplit(":", 1)[1]), head + b"Host: x\r\n\r\n" + body + SMUGGLED)
     assert received.startswith(b"HTTP/1.1 %d " % status), received[:200]
-    assert received.count(b"HTTP/1.1 ") == 1, received
-    assert b"Connection: close" in received and message in received
-    assert json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
+    assert len(re.findall(rb"HTTP/1\.1 \d{3} ", received)) == 1, received
+    head, answer = received.split(b"\r\n\r\n", 1)
+    assert b"connection: close" in head.lower() and b"content-type: application/json" in head.lower()
+    assert message in json.loads(answer)["error"].encode()
+
+
+def test_a_head_that_arrives_in_pieces_is_bounded_too(served):
+    """h11 refuses a request line or headers past the bound before they end (414, 431)."""
+    port = int(served[1].url.rsplit(":", 1)[1])
+    for request, status in [(b"GET /" + b"a" * 20_000, 414), (b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * 4000, 431)]:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as connection:
+            connection.sendall(request)  # never ends its head
+            answer = connection.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:200]
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
 
 
 def test_unknown_model_and_routes_are_not_found(served):
@@ -291,7 +336,8 @@ def test_unknown_model_and_routes_are_not_found(served):
     status, answer = client.get("/v1/models/resnet50")
     assert status == 404 and "This server serves /v1/models/cifar10_resnet20" in answer["error"]
     assert client.post("/v1/models/cifar10_resnet20:classify", {"instances": []})[0] == 404
-    assert client.get("/v1/models/cifar10_resnet20:predict")[0] == 404
+    assert client.get("/v1/models/cifar10_resnet20:predict")[0] == 405
+    assert client.post("/v1/models/cifar10_resnet20/metadata", {})[0] == 405
 
 
 def test_concurrent_clients_are_all_answered_correctly(served):
@@ -315,3 +361,157 @@ def test_concurrent_clients_are_all_answered_correctly(served):
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         assert list(pool.map(requests, range(8))) == [0] * 8
+
+
+def held_connection(port, request):
+    connection = socket.create_connection(("127.0.0.1", port), timeout=30)
+    connection.sendall(request)
+    return connection
+
+
+def read_until_closed(connection):
+    received = b""
+    while chunk := connection.recv(65536):
+        received += chunk
+    connection.close()
+    return received
+
+
+def test_slow_clients_are_cut_off_at_the_request_timeout_and_hold_nothing(served, limited):
+    """50 connections that never finish their head, one that never finishes its body and one
+    that sends nothing: other clients are answered meanwhile, and after the 2 s timeout the
+    first two kinds get a 408 and every one is closed."""
+    _, _, pixels, _ = served
+    client = Client(f"http://127.0.0.1:{limited}")
+    heads = [held_connection(limited, PREDICT + b"Host: x\r\n") for _ in range(50)]
+    status, response = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(jpegs(pixels[:1])[0])]})
+    assert status == 200 and len(response["predictions"]) == 1
+    body = held_connection(limited, PREDICT + b"Host: x\r\nContent-Length: 1000\r\n\r\n{")
+    silent = held_connection(limited, b"")
+    assert client.get("/v1/models/cifar10_resnet20")[0] == 200
+    for connection in [*heads, body]:
+        received = read_until_closed(connection)
+        assert received.startswith(b"HTTP/1.1 408 "), received[:200]
+        assert json.loads(received.split(b"\r\n\r\n", 1)[1]) == {
+            "error": "The request did not arrive whole within 2 s (--request-timeout)."}
+    assert read_until_closed(silent) == b""
+
+
+def test_past_max_in_flight_is_a_503_with_retry_after_never_a_reset(served, limited):
+    """One request in flight at most, 12 clients at once: the others are told to retry
+    (503, Retry-After, TF Serving's JSON), every answered one is right, none is reset."""
+    network, _, pixels, _ = served
+    encoded = jpegs(pixels)
+    expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 5)
+    url = f"http://127.0.0.1:{limited}/v1/models/cifar10_resnet20:predict"
+
+    def request(row):
+        body = json.dumps({"instances": [b64(encoded[row % len(encoded)])] * 8}).encode()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, body), timeout=60) as response:
+                assert_prediction_matches(json.load(response)["predictions"][7], expected, row % len(encoded))
+                return 200
+        except urllib.error.HTTPError as refused:
+            assert refused.headers["Retry-After"] == "1"
+            assert json.load(refused) == {
+                "error": "The server is busy: 1 requests are in flight (--max-in-flight). Retry after 1 s."}
+            return refused.code
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        statuses = list(pool.map(request, range(48)))
+    assert set(statuses) == {200, 503}, statuses
+
+
+def png(width, height):
+    encoded = io.BytesIO()
+    Image.new("L", (width, height)).save(encoded, format="PNG")
+    return encoded.getvalue()
+
+
+def png_header(width, height):
+    """A PNG's signature, header and an empty data chunk: all an attacker needs to claim a size."""
+    def chunk(kind, data=b""):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(b"IDAT")
+
+
+@pytest.mark.parametrize("images, message", [
+    (lambda: [png(5000, 5000)],
+     "Instance 0 of 'images' is too large: 5000 x 5000 pixels; this server decodes at most 16,777,216 pixels an "
+     "image."),
+    (lambda: [png(4000, 3800)] * 5,
+     "The request's images are too large together: 76,000,000 pixels; this server decodes at most 67,108,864 "
+     "pixels a request."),
+    (lambda: [png(32, 32), png_header(10_000, 10_000)],
+     "Instance 1 of 'images' is too large: 10000 x 10000 pixels; this server decodes at most 16,777,216 pixels an "
+     "image."),
+    (lambda: [png_header(100_000, 100_000)], "Instance 0 of 'images' is too large: Image size (10000000000 pixels) "
+     "exceeds limit of 178956970 pixels, could be decompression bomb DOS attack."),
+], ids=["one image", "the request's images", "a header alone", "a header past Pillow's own bound"])
+def test_image_bombs_are_refused_from_their_headers_before_decoding(served, images, message):
+    _, client, _, _ = served
+    status, answer = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(image)
+                                                                                        for image in images()]})
+    assert (status, answer) == (413, {"error": message})
+
+
+def test_requests_batched_together_are_answered_each_its_own(served):
+    """Good and undecodable requests from 8 clients at once: the server runs waiting requests
+    as one batch, and each gets its own answer (a bad image fails its request alone)."""
+    network, client, pixels, _ = served
+    encoded = jpegs(pixels)
+    expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 5)
+
+    def requests(worker):
+        for request in range(12):
+            row = (worker + request) % len(encoded)
+            if request % 3 == 2:
+                status, answer = client.post("/v1/models/cifar10_resnet20:predict",
+                                             {"instances": [b64(encoded[row][:300])]})
+                assert status == 400 and answer["error"].startswith("Could not decode the image bytes"), answer
+            else:
+                status, answer = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(encoded[row])]})
+                assert status == 200, answer
+                assert_prediction_matches(answer["predictions"][0], expected, row)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(requests, range(8)))
+
+
+class BlockingModel:
+    """A stand-in for ModelServer whose calls wait for `release`, and record their batches."""
+
+    max_batch = 8
+
+    def __init__(self):
+        self.release, self.calls = threading.Event(), []
+
+    def infer(self, requests):
+        self.calls.append([(request.signature, len(request)) for request in requests])
+        assert self.release.wait(timeout=60)
+        return [f"answer to {request.values[0]}" for request in requests]
+
+
+@pytest.mark.parametrize("batching, calls", [
+    (True, [[("a", 1)], [("a", 1)], [("a", 3), ("a", 4), ("a", 1)], [("b", 2)], [("a", 2)]]),
+    (False, [[("a", 1)], [("a", 1)], [("a", 3)], [("a", 4)], [("b", 2)], [("a", 2)], [("a", 1)]]),
+], ids=["batching", "no batching"])
+def test_requests_that_wait_while_every_thread_is_busy_run_as_one_batch(batching, calls):
+    """Two threads busy; five requests wait. With batching, the next call takes the first
+    waiting request and every later one of its signature that fits in max_batch (3 + 4 + 1);
+    a request of another signature, or one that does not fit, waits for the next call."""
+    model = BlockingModel()
+    sizes = [("a", 1), ("a", 1), ("a", 3), ("a", 4), ("b", 2), ("a", 2), ("a", 1)]
+
+    async def run():
+        batcher = serve.Batcher(model, threads=2, batching=batching)
+        requests = [serve.Parsed(signature, "images", [index] * size, row_format=True)
+                    for index, (signature, size) in enumerate(sizes)]
+        answers = [asyncio.ensure_future(batcher.infer(request)) for request in requests]
+        await asyncio.sleep(0.2)  # every request waits or runs
+        model.release.set()
+        return await asyncio.gather(*answers)
+
+    assert asyncio.run(run()) == [f"answer to {index}" for index in range(len(sizes))]
+    assert model.calls == calls

@@ -152,6 +152,15 @@ def parser():
                                help=f"port (default: {defaults.DEFAULT_PORT}, TF Serving's REST port)")
     serve_parser.add_argument("--max-batch", type=int, default=defaults.DEFAULT_MAX_BATCH,
                                help=f"most instances per request (default: {defaults.DEFAULT_MAX_BATCH})")
+    serve_parser.add_argument("--max-in-flight", type=int, default=defaults.DEFAULT_MAX_IN_FLIGHT,
+                               help="most prediction requests parsed, queued or running at once; past it, 503 with "
+                               f"Retry-After (default: {defaults.DEFAULT_MAX_IN_FLIGHT})")
+    serve_parser.add_argument("--request-timeout", type=float, default=defaults.DEFAULT_REQUEST_TIMEOUT,
+                               help="seconds a request has to arrive whole, headers and body; past it, 408 and the "
+                               f"connection closed (default: {defaults.DEFAULT_REQUEST_TIMEOUT:g})")
+    serve_parser.add_argument("--no-batching", dest="batching", action="store_false",
+                               help="run every request alone (by default, requests that wait while the network is "
+                               "busy run together as one batch)")
     query = command("query", help="send image files to a TF Serving REST endpoint, print top-k classes")
     query.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP)")
     query.add_argument("--model", required=True, help="the served model's name")
@@ -377,7 +386,8 @@ def export_command(arguments):
 def serve_command(arguments):
     from training import serve
 
-    serve.serve(arguments.model_dir, arguments.host, arguments.port, arguments.max_batch, arguments.verbose)
+    serve.serve(arguments.model_dir, arguments.host, arguments.port, arguments.max_batch, arguments.verbose,
+                arguments.max_in_flight, arguments.request_timeout, arguments.batching)
     return 0
 
 

@@ -9,9 +9,13 @@ import it from here (`export.DEFAULT_TOP_K` is this `DEFAULT_TOP_K`).
 # classes each prediction lists.
 DEFAULT_DIRECTORY = "saved_models"
 DEFAULT_TOP_K = 5
-# serve: TF Serving's REST port, and the most instances one request may hold.
+# serve: TF Serving's REST port, the most instances one request may hold, the most
+# :predict requests in flight at once (past it: 503), and the seconds a request has to
+# arrive whole (past it: 408).
 DEFAULT_PORT = 8501
 DEFAULT_MAX_BATCH = 64
+DEFAULT_MAX_IN_FLIGHT = 256
+DEFAULT_REQUEST_TIMEOUT = 10.0
 # evaluate: images per inference batch, a memory bound only (results do not depend on it).
 EVALUATION_BATCH_SIZE = 500
 # tune: the gatings of Table 1 searched, the keras-tuner tuners offered, and the training

@@ -1,4 +1,4 @@
-"""A local server that speaks TF Serving's REST API, and a client for it.
+"""A server that speaks TF Serving's REST API, on uvicorn, and a client for it.
 
     python -m training serve saved_models/<name> [--port 8501]
     python -m training query --model <name> image.jpg ...   (training.client)
@@ -13,29 +13,67 @@ with the request and response bodies of TF Serving's REST API
 (https://www.tensorflow.org/tfx/serving/api_rest): `{"signature_name": ..., "instances":
 [...]}` (row format, answered with "predictions") or `{"inputs": ...}` (columnar,
 answered with "outputs"); binary values such as encoded images as `{"b64": "..."}`. A
-client written for TF Serving works against it unchanged. Bad requests get HTTP 400 and
-`{"error": "..."}` and the server goes on serving; requests are served concurrently, each
-in its own thread. It is a small server for local use and tests: production serves the
-same folder with TF Serving itself (see the README).
+client written for TF Serving works against it unchanged. Every error is TF Serving's
+`{"error": "..."}` with its HTTP status, the HTTP layer's own included, and the server
+goes on serving.
+
+The HTTP stack is uvicorn (https://www.uvicorn.org) with h11, its strict pure-Python
+HTTP/1.1 parser: bodies framed exactly by Content-Length or chunked encoding (a body is
+never parsed as a request), a listen backlog, keep-alive timeouts. `Protocol` adds what
+uvicorn lacks against hostile clients (Kludex/uvicorn#157): a deadline for receiving each
+request whole, a bound on open connections, and its errors as JSON. `Application` (ASGI)
+bounds the requests in flight (503 with Retry-After past it), the body while reading it
+and the images' pixels from their headers before anything decodes them. `Batcher` runs
+the network on a bounded pool of threads, off the event loop, and runs the requests that
+arrive while every thread is busy as one batch, TF Serving's request batching.
 """
 
+import asyncio
 import base64
-import http.server
+import collections
+import concurrent.futures
+import functools
+import http
+import io
 import json
 import os
 import re
+import socket
+import warnings
+from dataclasses import dataclass
 
+import h11
 import numpy as np
 import tensorflow as tf
+import uvicorn
+from PIL import Image
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from training import export
-from training.defaults import DEFAULT_MAX_BATCH, DEFAULT_PORT
+from training.defaults import DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT
 
 # The largest request body read: 64 encoded 224 x 224 JPEGs take about 2 MB.
 MAX_BODY_BYTES = 64 * 2**20
-# Connections waiting to be accepted (the standard library's default is 5, which reset
-# clients at 32 concurrent connections).
+# The request line and headers together (h11's own default); past it, 414 or 431.
+MAX_HEAD_BYTES = 16 * 2**10
+# Connections waiting to be accepted (the standard library's default of 5 reset clients at
+# 32 concurrent connections), and connections open at once (past it: 503, then closed).
 LISTEN_BACKLOG = 1024
+MAX_CONNECTIONS = 2048
+# Seconds a kept-alive connection may sit idle between requests (uvicorn's default).
+KEEP_ALIVE_SECONDS = 5
+# What the images of one request may hold, read from their headers before decoding: one
+# image at most 4096 x 4096 pixels, the request's images together four times that (about
+# 200 MB decoded as RGB). A 20000 x 20000 PNG of 431 KB is refused in milliseconds.
+MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_REQUEST_PIXELS = 4 * MAX_IMAGE_PIXELS
+IMAGE_FORMATS = ("JPEG", "PNG", "GIF", "BMP")  # what tf.io.decode_image reads
+UNDECODABLE = "Could not decode the image bytes (JPEG, PNG, GIF or BMP expected): "
+# Threads that run the network; each batch uses every core through TensorFlow's own
+# threads, two keep the cores busy while the other thread converts and answers.
+INFERENCE_THREADS = 2
+# What a 503 asks the client to wait, in seconds.
+RETRY_AFTER_SECONDS = 1
 ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?(?P<action>:predict|/metadata)?$")
 
 
@@ -45,6 +83,20 @@ class BadRequest(ValueError):
     def __init__(self, message, status=400):
         super().__init__(message)
         self.status = status
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A `:predict` request read and checked: the signature, its input, the instances."""
+
+    signature: str
+    key: str
+    values: object  # a numpy array of the input's dtype, or a list of encoded images (bytes)
+    row_format: bool
+    pixels: int = 0  # the images' decoded pixels, from their headers
+
+    def __len__(self):
+        return len(self.values)
 
 
 class ModelServer:
@@ -91,11 +143,16 @@ class ModelServer:
                              f"serves version {self.version}.", status=404)
 
     def predict(self, body):
-        """The response to a `:predict` request body (bytes), as a JSON-ready dict.
+        """The response to a `:predict` request body (bytes), as a JSON-ready dict, unbatched."""
+        parsed = self.parse(body)
+        return self.respond(parsed, self.infer([parsed])[0])
+
+    def parse(self, body):
+        """A `:predict` request body (bytes) read into a `Parsed`.
 
         Raises:
             BadRequest: for malformed JSON, an unknown signature, a missing, mistyped or
-                misshapen input, too large a batch, or undecodable images.
+                misshapen input, too large a batch, or images too large or not images.
         """
         try:
             request = json.loads(body)
@@ -113,33 +170,66 @@ class ModelServer:
         if unknown or ("instances" in request) == ("inputs" in request):
             raise BadRequest("The request needs exactly one of 'instances' (row format) or 'inputs' (columnar), "
                              f"and optionally 'signature_name'. Received keys: {sorted(request)}")
-        function = self.signatures[name]
-        (key, spec), = function.structured_input_signature[1].items()
+        (key, spec), = self.signatures[name].structured_input_signature[1].items()
         row_format = "instances" in request
         values = request["instances"] if row_format else request["inputs"]
         if row_format and isinstance(values, list):
             values = [value[key] if isinstance(value, dict) and key in value else value for value in values]
         elif not row_format and isinstance(values, dict) and key in values:
             values = values[key]
-        tensor = to_tensor(values, spec, key, self.max_batch)
+        values = to_values(values, spec, key, self.max_batch)
+        pixels = image_pixels(values, key) if spec.dtype == tf.string else 0
+        return Parsed(name, key, values, row_format, pixels)
+
+    def infer(self, requests):
+        """The outputs (numpy arrays by name) of each of `requests` (Parsed, one signature), or
+        the BadRequest that request gets, from one call of the network over all of them."""
+        if len(requests) > 1:
+            try:
+                outputs = self.call(requests[0].signature, requests[0].key, concatenated(requests))
+            except BadRequest:  # one request's images do not decode: each alone says whose
+                return [self.infer([request])[0] for request in requests]
+            ends = np.cumsum([len(request) for request in requests])
+            return [{output: value[end - len(request):end] for output, value in outputs.items()}
+                    for request, end in zip(requests, ends)]
+        try:
+            return [self.call(requests[0].signature, requests[0].key, requests[0].values)]
+        except BadRequest as error:
+            return [error]
+
+    def call(self, signature, key, values):
+        function = self.signatures[signature]
+        tensor = tf.constant(values)
         try:
             outputs = function(**{key: tensor})
         except tf.errors.InvalidArgumentError as error:
-            raise BadRequest(undecodable(tensor) if spec.dtype == tf.string else first_line(error)) from None
-        outputs = {output: value.numpy() for output, value in outputs.items()}
+            raise BadRequest(undecodable(tensor) if tensor.dtype == tf.string else first_line(error)) from None
+        return {output: value.numpy() for output, value in outputs.items()}
+
+    def respond(self, parsed, outputs):
+        """The JSON-ready answer to `parsed` from its `outputs`; non-finite outputs are a BadRequest."""
+        if isinstance(outputs, BadRequest):
+            raise outputs
         broken = sorted({int(row) for value in outputs.values() if value.dtype.kind == "f"
                          for row in np.nonzero(~np.isfinite(value.reshape(len(value), -1)).all(axis=1))[0]})
         if broken:
             raise BadRequest(f"The network's outputs are not finite (NaN or infinite) for instances {broken[:10]}: "
                              "inputs far outside the range it was trained on.")
         outputs = {output: to_json(value) for output, value in outputs.items()}
-        if not row_format:
+        if not parsed.row_format:
             return {"outputs": outputs}
         return {"predictions": [dict(zip(outputs, row)) for row in zip(*outputs.values())]}
 
 
-def to_tensor(values, spec, key, max_batch):
-    """The JSON value of input `key` as a tensor of `spec`, or a BadRequest that says why not."""
+def concatenated(requests):
+    if isinstance(requests[0].values, list):
+        return [image for request in requests for image in request.values]
+    return np.concatenate([request.values for request in requests])
+
+
+def to_values(values, spec, key, max_batch):
+    """The JSON value of input `key` as a numpy array of `spec`'s dtype (a list of bytes for
+    encoded images), or a BadRequest that says why not."""
     if not isinstance(values, list) or not values:
         raise BadRequest(f"Input {key!r} must be a non-empty list, one entry per instance. "
                          f"Received: {type(values).__name__}")
@@ -147,7 +237,7 @@ def to_tensor(values, spec, key, max_batch):
         raise BadRequest(f"Too many instances: this server takes at most {max_batch} per request "
                          f"(--max-batch). Received: {len(values)}")
     if spec.dtype == tf.string:
-        return tf.constant([binary(value, key, index) for index, value in enumerate(values)])
+        return [binary(value, key, index) for index, value in enumerate(values)]
     try:
         array = np.asarray(values, dtype=np.float64)
     except (ValueError, TypeError):
@@ -165,7 +255,7 @@ def to_tensor(values, spec, key, max_batch):
     if not np.all(np.isfinite(converted)):
         raise BadRequest(f"Input {key!r} holds a value too large for {spec.dtype.name} "
                          f"(at most {np.finfo(spec.dtype.as_numpy_dtype).max:.4g}).")
-    return tf.constant(converted)
+    return converted
 
 
 def binary(value, key, index):
@@ -180,6 +270,35 @@ def binary(value, key, index):
                      f"Received: {json.dumps(value)[:80]}")
 
 
+def image_pixels(images, key):
+    """The pixels the encoded `images` decode to, read from their headers (Pillow reads a
+    header without decoding the image); a BadRequest for files that are not JPEG, PNG, GIF
+    or BMP, for an image over MAX_IMAGE_PIXELS and for a request over MAX_REQUEST_PIXELS."""
+    total = 0
+    for index, encoded in enumerate(images):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # refused below, by our own bound
+                with Image.open(io.BytesIO(encoded), formats=IMAGE_FORMATS) as image:
+                    width, height = image.size
+        except Image.DecompressionBombError as error:  # over 179 million pixels: refused by Pillow itself
+            raise BadRequest(f"Instance {index} of {key!r} is too large: {error}", 413) from None
+        except Image.UnidentifiedImageError:
+            raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): Unknown image file "
+                             "format") from None
+        except (OSError, ValueError, SyntaxError) as error:  # a header Pillow cannot read
+            raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): "
+                             f"{str(error).splitlines()[0][:120]}") from None
+        if width * height > MAX_IMAGE_PIXELS:
+            raise BadRequest(f"Instance {index} of {key!r} is too large: {width} x {height} pixels; this server "
+                             f"decodes at most {MAX_IMAGE_PIXELS:,} pixels an image.", 413)
+        total += width * height
+    if total > MAX_REQUEST_PIXELS:
+        raise BadRequest(f"The request's images are too large together: {total:,} pixels; this server decodes "
+                         f"at most {MAX_REQUEST_PIXELS:,} pixels a request.", 413)
+    return total
+
+
 def undecodable(images):
     """The message for a batch of encoded images that failed: which ones, and why."""
     failures = []
@@ -190,7 +309,7 @@ def undecodable(images):
             failures.append(f"instance {index} ({len(encoded.numpy())} bytes): {first_line(error)}")
     if not failures:
         return "The images could not be processed."
-    return "Could not decode the image bytes (JPEG, PNG, GIF or BMP expected): " + "; ".join(failures)
+    return UNDECODABLE + "; ".join(failures)
 
 
 def first_line(error):
@@ -214,94 +333,266 @@ def to_json(array):
     return array.tolist()
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
-    server_version = "keras-preact-serving"
-    protocol_version = "HTTP/1.1"
+class Batcher:
+    """Runs the network for `Parsed` requests on `threads` threads, off the event loop.
 
-    def do_GET(self):
-        self.answer(lambda route: (self.server.model.describe() if route["action"] == "/metadata"
-                                   else self.server.model.status()), action=(None, "/metadata"))
+    With `batching`, the requests of one signature that wait while every thread is busy
+    go to the network together, up to `max_batch` instances and MAX_REQUEST_PIXELS
+    (TF Serving's request batching): a lone request waits for nothing, and under load
+    one call serves many requests. Runs on the event loop's thread only.
+    """
 
-    def do_POST(self):
-        def predict(route):
-            return self.server.model.predict(self.read_body())
+    def __init__(self, model, threads=INFERENCE_THREADS, batching=True):
+        self.model, self.batching = model, batching
+        self.pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="inference")
+        self.idle_threads = threads
+        self.waiting = collections.deque()  # (Parsed, future)
 
-        self.answer(predict, action=(":predict",))
+    async def infer(self, parsed):
+        """The outputs of the network for `parsed`, or the BadRequest it gets."""
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append((parsed, future))
+        self.dispatch()
+        return await future
 
-    def read_body(self):
-        """The request body, read exactly as long as its Content-Length says; anything else
-        (chunked encoding, a missing, negative or too large length) is refused."""
-        if "Transfer-Encoding" in self.headers:
-            raise BadRequest("Chunked or other transfer encodings are not accepted: send the body with a "
-                             f"Content-Length. Received: Transfer-Encoding: {self.headers['Transfer-Encoding']}", 411)
-        text = self.headers.get("Content-Length")
-        if text is None or not text.isdigit():
-            raise BadRequest(f"A request body needs a Content-Length of 0 or more bytes. Received: {text!r}"[:200],
-                             status=411 if text is None else 400)
-        # Compared by its digits first: a length of thousands of digits is no int to parse.
-        if len(text.lstrip("0")) > len(str(MAX_BODY_BYTES)) or int(text) > MAX_BODY_BYTES:
-            raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes. Received: {text[:20]}",
-                             413)
-        body = self.rfile.read(int(text))
-        self.body_read = True
-        return body
+    def dispatch(self):
+        while self.waiting and self.idle_threads:
+            self.idle_threads -= 1
+            asyncio.ensure_future(self.run(self.next_batch()))
 
-    def answer(self, respond, action):
-        # A request whose body is not read whole is answered, then its connection closed: the
-        # unread bytes must never be parsed as the next request.
-        self.body_read = self.command == "GET" and "Content-Length" not in self.headers \
-            and "Transfer-Encoding" not in self.headers
+    def next_batch(self):
+        batch = [self.waiting.popleft()]
+        if not self.batching:
+            return batch
+        instances, pixels = len(batch[0][0]), batch[0][0].pixels
+        for waiting in list(self.waiting):
+            parsed = waiting[0]
+            if (parsed.signature == batch[0][0].signature and instances + len(parsed) <= self.model.max_batch
+                    and pixels + parsed.pixels <= MAX_REQUEST_PIXELS):
+                self.waiting.remove(waiting)
+                batch.append(waiting)
+                instances, pixels = instances + len(parsed), pixels + parsed.pixels
+        return batch
+
+    async def run(self, batch):
         try:
-            route = ROUTE.match(self.path.split("?")[0])
-            model = self.server.model
-            if not route or route["name"] != model.name or route["action"] not in action:
-                raise BadRequest(f"No such resource: {self.command} {self.path}. This server serves "
-                                 f"/v1/models/{model.name} (GET), .../metadata (GET) and ...:predict (POST).", 404)
-            model.check_version(route["version"])
-            status, response = 200, respond(route)
+            results = await asyncio.get_running_loop().run_in_executor(
+                self.pool, self.model.infer, [parsed for parsed, _ in batch])
+            for (_, future), result in zip(batch, results):
+                if not future.done():
+                    future.set_result(result)
+        except Exception as error:  # noqa: BLE001  (answered as a 500 by each request of the batch)
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+        finally:
+            self.idle_threads += 1
+            self.dispatch()
+
+
+class Disconnected(Exception):
+    """The client went away before its request was read whole."""
+
+
+class Application:
+    """TF Serving's REST API over a ModelServer, as an ASGI application.
+
+    Args:
+        model: the ModelServer.
+        max_in_flight: the most `:predict` requests parsed, queued or running at once;
+            past it a request is answered 503 with Retry-After as soon as its body is read.
+            (Requests still arriving are bounded by the request timeout and MAX_CONNECTIONS.)
+        batching: whether requests waiting together are run as one batch.
+    """
+
+    def __init__(self, model, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True):
+        self.model, self.max_in_flight = model, max_in_flight
+        self.batcher = Batcher(model, batching=batching)
+        self.in_flight = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":  # uvicorn runs it with lifespan="off": nothing else arrives
+            return
+        request = {"body_read": scope["method"] in ("GET", "HEAD")
+                   and not any(name in (b"content-length", b"transfer-encoding") for name, _ in scope["headers"])}
+        headers = []
+        try:
+            status, response = 200, await self.answer(scope, receive, request)
         except BadRequest as error:
             status, response = error.status, {"error": str(error)}
-        except Exception as error:  # the server keeps serving whatever one request does
+            if status == 503:
+                headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
+            if status == 405:
+                headers.append((b"allow", error.allowed))
+        except Disconnected:
+            return
+        except Exception as error:  # noqa: BLE001  (the server keeps serving whatever one request does)
             status, response = 500, {"error": f"{type(error).__name__}: {first_line(error)}"}
+        if not request["body_read"] or status in (414, 431):
+            # Unread bytes are never read as a request, and a client that sends heads past
+            # the bound is not heard again.
+            headers.append((b"connection", b"close"))
         body = json.dumps(response).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        if not self.body_read:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        self.wfile.write(body)
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]})
+        await send({"type": "http.response.body", "body": body})
 
-    def log_message(self, format, *arguments):
-        if self.server.verbose:
-            super().log_message(format, *arguments)
+    async def answer(self, scope, receive, request):
+        # h11 bounds a head that arrives in pieces (Protocol.send_400_response); one that
+        # arrives at once is bounded here.
+        if len(scope["raw_path"]) + len(scope["query_string"]) > MAX_HEAD_BYTES:
+            raise BadRequest(f"The request line is too long: at most {MAX_HEAD_BYTES} bytes.", 414)
+        if sum(len(name) + len(value) + 4 for name, value in scope["headers"]) > MAX_HEAD_BYTES:
+            raise BadRequest(f"The request's headers are too large: at most {MAX_HEAD_BYTES} bytes.", 431)
+        route = ROUTE.match(scope["path"])
+        model = self.model
+        if not route or route["name"] != model.name:
+            raise BadRequest(f"No such resource: {scope['method']} {scope['path'][:200]}. This server serves "
+                             f"/v1/models/{model.name} (GET), .../metadata (GET) and ...:predict (POST).", 404)
+        allowed = "POST" if route["action"] == ":predict" else "GET"
+        if scope["method"] != allowed:
+            error = BadRequest(f"Method {scope['method']} is not allowed for {scope['path'][:200]}: use {allowed}.",
+                               405)
+            error.allowed = allowed.encode()
+            raise error
+        model.check_version(route["version"])
+        if route["action"] == "/metadata":
+            return model.describe()
+        if route["action"] is None:
+            return model.status()
+        body = await read_body(scope, receive)
+        request["body_read"] = True
+        if self.in_flight >= self.max_in_flight:
+            raise BadRequest(f"The server is busy: {self.max_in_flight} requests are in flight (--max-in-flight). "
+                             f"Retry after {RETRY_AFTER_SECONDS} s.", 503)
+        self.in_flight += 1
+        try:
+            loop = asyncio.get_running_loop()
+            parsed = await loop.run_in_executor(None, model.parse, body)  # JSON of up to 64 MiB: off the loop
+            outputs = await self.batcher.infer(parsed)
+            return await loop.run_in_executor(None, model.respond, parsed, outputs)
+        finally:
+            self.in_flight -= 1
 
 
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = LISTEN_BACKLOG
+async def read_body(scope, receive):
+    """The request body, refused with a 413 as soon as it passes MAX_BODY_BYTES (h11 has
+    already checked its framing: a valid Content-Length or chunked encoding)."""
+    length = dict(scope["headers"]).get(b"content-length")
+    if length is not None and int(length) > MAX_BODY_BYTES:
+        raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes. Received: "
+                         f"{length.decode()[:20]}", 413)
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Disconnected()
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > MAX_BODY_BYTES:
+            raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes.", 413)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
-    def __init__(self, model, host, port, verbose=False):
-        super().__init__((host, port), Handler)
-        self.model, self.verbose = model, verbose
+
+def error_response(status, message, close=True):
+    """TF Serving's JSON error as raw HTTP/1.1 bytes, for the protocol's own answers."""
+    body = json.dumps({"error": message}).encode()
+    head = (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n")
+    if status == 503:
+        head += f"retry-after: {RETRY_AFTER_SECONDS}\r\n"
+    return (head + ("connection: close\r\n" if close else "") + "\r\n").encode() + body
 
 
-def serve(directory, host="127.0.0.1", port=DEFAULT_PORT, max_batch=DEFAULT_MAX_BATCH, verbose=False):
-    """Serves the highest version of `directory` until interrupted."""
+class Protocol(H11Protocol):
+    """uvicorn's h11 protocol with what it lacks against hostile clients.
+
+    - Each request must arrive whole (headers and body) within `request_timeout` seconds
+      of its connection opening or of the previous response: otherwise 408 and the
+      connection closed (a client that trickles bytes holds nothing for long).
+    - At most MAX_CONNECTIONS connections: past it, 503 and closed at once.
+    - Malformed HTTP is TF Serving's JSON error: 400, 414 (a request line past
+      MAX_HEAD_BYTES) or 431 (headers past it), instead of uvicorn's plain text.
+    """
+
+    def __init__(self, *arguments, request_timeout=DEFAULT_REQUEST_TIMEOUT, **keywords):
+        super().__init__(*arguments, **keywords)
+        self.request_timeout = request_timeout
+        self.deadline = None
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        if len(self.connections) > MAX_CONNECTIONS:
+            self.refuse(503, f"The server is busy: {MAX_CONNECTIONS} connections are open. "
+                             f"Retry after {RETRY_AFTER_SECONDS} s.")
+            return
+        self.start_deadline()
+
+    def connection_lost(self, exc):
+        if self.deadline is not None:
+            self.deadline.cancel()
+        super().connection_lost(exc)
+
+    def on_response_complete(self):
+        super().on_response_complete()
+        self.start_deadline()
+
+    def start_deadline(self):
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.deadline = self.loop.call_later(self.request_timeout, self.deadline_passed)
+
+    def deadline_passed(self):
+        if self.conn.their_state is h11.DONE or self.transport.is_closing():
+            return  # the request arrived whole; the network is answering it
+        if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:
+            self.transport.close()  # an idle connection: nothing to answer
+            return
+        self.refuse(408, f"The request did not arrive whole within {self.request_timeout:g} s "
+                         "(--request-timeout).")
+
+    def send_400_response(self, msg):
+        received = self.conn.trailing_data[0]
+        if len(received) >= MAX_HEAD_BYTES and b"\r\n" not in received:
+            self.refuse(414, f"The request line is too long: at most {MAX_HEAD_BYTES} bytes with the headers.")
+        elif len(received) >= MAX_HEAD_BYTES:
+            self.refuse(431, f"The request's headers are too large: at most {MAX_HEAD_BYTES} bytes.")
+        else:
+            self.refuse(400, "Invalid HTTP request: it does not follow HTTP/1.1 (RFC 9112), for example a "
+                             "malformed request line or header, or a Content-Length that is not a number of bytes.")
+
+    def refuse(self, status, message):
+        """Answers `status` and closes; an application still reading the body is told the client left."""
+        self.transport.write(error_response(status, message))
+        self.transport.close()
+
+
+def serve(directory, host="127.0.0.1", port=DEFAULT_PORT, max_batch=DEFAULT_MAX_BATCH, verbose=False,
+          max_in_flight=DEFAULT_MAX_IN_FLIGHT, request_timeout=DEFAULT_REQUEST_TIMEOUT, batching=True):
+    """Serves the highest version of `directory` until interrupted (Ctrl-C or SIGTERM)."""
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an integer from 0 (any free port) to 65535. Received: port={port!r}")
+    if not isinstance(max_in_flight, int) or max_in_flight < 1:
+        raise ValueError(f"max_in_flight must be a positive integer. Received: max_in_flight={max_in_flight!r}")
+    if not isinstance(request_timeout, (int, float)) or not 0 < request_timeout < float("inf"):
+        raise ValueError(f"request_timeout must be a positive number of seconds. "
+                         f"Received: request_timeout={request_timeout!r}")
     model = ModelServer(directory, max_batch)
+    listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        server = Server(model, host, port, verbose)
+        listening.bind((host, port))
     except OSError as error:
+        listening.close()
         raise ValueError(f"Cannot listen on {host}:{port}: {error.strerror or error} (is another server using "
                          f"the port? choose another with --port). Received: port={port}") from error
+    listening.listen(LISTEN_BACKLOG)  # clients queue from here on, while uvicorn starts
+    config = uvicorn.Config(
+        Application(model, max_in_flight, batching), http=functools.partial(Protocol, request_timeout=request_timeout),
+        backlog=LISTEN_BACKLOG, timeout_keep_alive=KEEP_ALIVE_SECONDS, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        lifespan="off", loop="asyncio", proxy_headers=False, server_header=False,
+        log_level="info" if verbose else "error", access_log=verbose, timeout_graceful_shutdown=5)
     print(f"Serving {model.name} version {model.version} ({model.path}) at "
-          f"http://{host}:{server.server_port}/v1/models/{model.name}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+          f"http://{host}:{listening.getsockname()[1]}/v1/models/{model.name}", flush=True)
+    uvicorn.Server(config).run(sockets=[listening])

@@ -1,0 +1,202 @@
+"""The REST server under load and under attack, on 127.0.0.1 (issue 14's targets).
+
+    python bench/serving_load.py --models resnet20 resnet164 --clients 8 64 --requests 50
+
+Prints the machine, then, for each model, a fresh `python -m training serve` process on its
+SavedModel (BatchNorm statistics of a batch, random weights: the speed does not depend on
+them) and:
+- load: `--clients` concurrent clients, each sending `--requests` single-image requests
+  (one 32 x 32 JPEG, a different one per request) on its own kept-alive connection;
+  requests/s, p50 and p95 latency, connection resets and other failures, 503s, and wrong
+  answers (a class other than the one the same image gets alone);
+- with `--attacks` (first model only): 300 half-open connections (headers, then a body
+  that never finishes) held open while 8 clients send 20 requests each (their p95), and
+  how many of the 300 the server has closed 15 s later; an image bomb (a 431 KB PNG of
+  20000 x 20000 pixels) and the seconds until it is refused; the server's resident memory
+  warm and after the attacks.
+
+`--source DIR` serves with the code in DIR (another checkout: the before of a change);
+`--server-options '--no-batching'` passes options to `serve`.
+"""
+
+import argparse
+import base64
+import concurrent.futures
+import http.client
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from export_serving import CIFAR, exported  # noqa: E402
+from training_throughput import machine  # noqa: E402
+
+HALF_OPEN_CONNECTIONS = 300
+IMAGES = 64  # different JPEGs the clients cycle through
+
+
+def jpeg_bodies():
+    pixels = np.random.default_rng(7).integers(0, 256, size=(IMAGES, *CIFAR.shape), dtype=np.uint8)
+    return [json.dumps({"instances": [{"b64": base64.b64encode(tf.io.encode_jpeg(image).numpy()).decode()}]}).encode()
+            for image in pixels]
+
+
+class Served:
+    """`python -m training serve` on a model folder, from `source`."""
+
+    def __init__(self, model_dir, source, options=()):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.process = subprocess.Popen([sys.executable, "-m", "training", "serve", model_dir, "--port", str(self.port),
+                                        *options],
+                                        cwd=source, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.process.stdout.readline()
+        if not line.startswith("Serving"):
+            raise RuntimeError(f"the server did not start: {line!r}")
+        self.path = f"/v1/models/{os.path.basename(model_dir)}:predict"
+
+    def resident_megabytes(self):
+        with open(f"/proc/{self.process.pid}/status") as status:
+            line = next(line for line in status if line.startswith("VmRSS:"))
+        return int(line.split()[1]) / 1024
+
+    def close(self):
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+def post(connection, path, body):
+    """Status, parsed answer and seconds of one request on a kept-alive connection."""
+    started = time.perf_counter()
+    connection.request("POST", path, body, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    return response.status, answer, time.perf_counter() - started
+
+
+def load(served, bodies, expected, clients, requests):
+    """Every client on its own connection; failures counted, never raised."""
+    def client(worker):
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)
+        figures = dict(latencies=[], failures=0, unavailable=0, wrong=0)
+        for request in range(requests):
+            image = (worker * requests + request) % len(bodies)
+            try:
+                status, answer, seconds = post(connection, served.path, bodies[image])
+            except (OSError, http.client.HTTPException, ValueError):
+                figures["failures"] += 1
+                connection.close()
+                connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)
+                continue
+            if status == 503:
+                figures["unavailable"] += 1
+            elif status != 200:
+                figures["failures"] += 1
+            else:
+                figures["latencies"].append(seconds)
+                figures["wrong"] += answer["predictions"][0]["class_ids"] != expected[image]
+        connection.close()
+        return figures
+
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(client, range(clients)))
+    seconds = time.perf_counter() - started
+    latencies = np.concatenate([result["latencies"] for result in results])
+    return dict(rate=len(latencies) / seconds, p50=np.percentile(latencies, 50) if len(latencies) else float("nan"),
+                p95=np.percentile(latencies, 95) if len(latencies) else float("nan"),
+                failures=sum(result["failures"] for result in results),
+                unavailable=sum(result["unavailable"] for result in results),
+                wrong=sum(result["wrong"] for result in results))
+
+
+def half_open(served, bodies, expected):
+    """300 connections that send headers and part of a body, then nothing."""
+    held = []
+    for _ in range(HALF_OPEN_CONNECTIONS):
+        connection = socket.create_connection(("127.0.0.1", served.port), timeout=30)
+        connection.sendall(f"POST {served.path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{{".encode())
+        held.append(connection)
+    normal = load(served, bodies, expected, clients=8, requests=20)
+    time.sleep(15)
+    closed = 0
+    for connection in held:
+        connection.setblocking(False)
+        try:
+            while data := connection.recv(65536):  # a timeout answer, then the close
+                pass
+            closed += 1
+        except BlockingIOError:
+            pass  # still open, nothing sent
+        except OSError:
+            closed += 1
+        connection.close()
+    return normal, closed
+
+
+def bomb():
+    """A PNG of 20000 x 20000 black pixels: 431 KB encoded, 1.2 GB decoded as RGB."""
+    from PIL import Image
+
+    encoded = io.BytesIO()
+    Image.new("L", (20000, 20000)).save(encoded, format="PNG")
+    return json.dumps({"instances": [{"b64": base64.b64encode(encoded.getvalue()).decode()}]}).encode()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet20", "resnet164"])
+    parser.add_argument("--clients", nargs="+", type=int, default=[8, 64])
+    parser.add_argument("--requests", type=int, default=50, help="requests per client")
+    parser.add_argument("--attacks", action="store_true", help="half-open connections, an image bomb, memory")
+    parser.add_argument("--source", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        help="the checkout whose server runs (default: this one)")
+    parser.add_argument("--server-options", default="", help="more options of `serve`, e.g. '--no-batching'")
+    arguments = parser.parse_args()
+    print(f"machine: {machine()}; server code: {arguments.source} {arguments.server_options}")
+    bodies = jpeg_bodies()
+    print("| model | clients x requests | requests/s | p50 ms | p95 ms | resets/failures | 503 | wrong |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as directory:
+        for index, name in enumerate(arguments.models):
+            path, _ = exported(name, directory)
+            served = Served(os.path.dirname(path), arguments.source, arguments.server_options.split())
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)
+                expected = [post(connection, served.path, body)[1]["predictions"][0]["class_ids"] for body in bodies]
+                connection.close()
+                warm = served.resident_megabytes()
+                for clients in arguments.clients:
+                    figures = load(served, bodies, expected, clients, arguments.requests)
+                    print(f"| {name} | {clients} x {arguments.requests} | {figures['rate']:.1f} | "
+                          f"{1000 * figures['p50']:.0f} | {1000 * figures['p95']:.0f} | {figures['failures']} | "
+                          f"{figures['unavailable']} | {figures['wrong']} |", flush=True)
+                if arguments.attacks and index == 0:
+                    normal, closed = half_open(served, bodies, expected)
+                    print(f"{name}: {HALF_OPEN_CONNECTIONS} half-open connections held: 8 clients x 20 requests "
+                          f"p95 {1000 * normal['p95']:.0f} ms, {normal['failures']} failures; {closed} of "
+                          f"{HALF_OPEN_CONNECTIONS} closed by the server 15 s later", flush=True)
+                    connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
+                    status, answer, seconds = post(connection, served.path, bomb())
+                    connection.close()
+                    print(f"{name}: image bomb (20000 x 20000 PNG): HTTP {status} in {1000 * seconds:.0f} ms: "
+                          f"{str(answer)[:120]}", flush=True)
+                    print(f"{name}: resident memory warm {warm:.0f} MB, after the attacks "
+                          f"{served.resident_megabytes():.0f} MB", flush=True)
+            finally:
+                served.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -141,6 +141,9 @@ def parser():
     export_parser.add_argument("--version", type=int, help="version number (default: one more than the highest there)")
     export_parser.add_argument("--top-k", type=int, default=defaults.DEFAULT_TOP_K,
                                 help=f"classes each prediction lists (default: {defaults.DEFAULT_TOP_K})")
+    export_parser.add_argument("--format", choices=defaults.EXPORT_FORMATS, default=defaults.EXPORT_FORMATS[0],
+                                help="saved_model (default), onnx (the pixel signatures as ONNX models in <version>/"
+                                "onnx/, checked with onnxruntime; needs keras-preact[onnx]) or all (both)")
     serve_parser = command(
         "serve", help="serve an exported model over TF Serving's REST API",
         description="Serve the highest version of a model folder at /v1/models/<name> with TF Serving's REST "
@@ -286,7 +289,7 @@ def main(argv=None):
         # unreadable with 4, each with its message alone (only a
         # command that trains has imported the loop).
         loop = sys.modules.get("training.loop")
-        exit_codes = {ValueError: 2, FileNotFoundError: 2, FileExistsError: 2, ConnectionError: 2,
+        exit_codes = {ValueError: 2, FileNotFoundError: 2, FileExistsError: 2, ConnectionError: 2, ImportError: 2,
                       **({loop.TrainingDiverged: 3, loop.CheckpointsUnreadable: 4} if loop else {})}
         code = next((code for kind, code in exit_codes.items() if isinstance(error, kind)), None)
         if code is None:
@@ -362,12 +365,18 @@ def export_command(arguments):
     if arguments.name is not None:
         export.checked_name(arguments.name)
     images = export.read_image_files(arguments.images or [])
+    formats = export.FORMATS[arguments.format]
     if arguments.run_dir is not None:
         path = export.export_run(arguments.run_dir, arguments.output, arguments.name, arguments.version,
-                                 arguments.top_k)
+                                 arguments.top_k, formats=formats)
     else:
         path = export.export_shipped(arguments.model, arguments.weights, arguments.output, arguments.name,
-                                     arguments.version, arguments.top_k)
+                                     arguments.version, arguments.top_k, formats=formats)
+    if "onnx" in formats:
+        print(f"ONNX models (checked with onnxruntime against the network): "
+              f"{', '.join(export.read_metadata(path)['onnx']['files'].values())} in {path}")
+    if "saved_model" not in formats:
+        return 0
     if arguments.images:
         width = max(len(image) for image in arguments.images)
         print("The reloaded SavedModel's classes:")

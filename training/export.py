@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -31,11 +32,24 @@ import tensorflow as tf
 import keras_preact
 from keras_preact import pretrained
 from training import configs, data, recipe
-from training.defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K
+from training.defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS
 
 SIGNATURES = ("serving_default", "predict_pixels", "predict_normalized")
 OUTPUTS = ("logits", "probabilities", "class_ids", "classes", "scores")
 METADATA_FILE = "metadata.json"
+# What `--format` writes into a version folder: the SavedModel, ONNX models, or both.
+FORMATS = {"saved_model": ("saved_model",), "onnx": ("onnx",), "all": ("saved_model", "onnx")}
+assert tuple(FORMATS) == EXPORT_FORMATS
+# The ONNX models: one file per pixel signature of the SavedModel (an ONNX graph has no
+# optional inputs), under <version>/onnx/, with the SavedModel's numeric outputs (the
+# class names are in metadata.json: ONNX runtimes handle strings unevenly).
+ONNX_DIRECTORY = "onnx"
+ONNX_INPUTS = {"predict_pixels": ("pixels", tf.uint8), "predict_normalized": ("normalized", tf.float32)}
+ONNX_OUTPUTS = ("logits", "probabilities", "class_ids")
+ONNX_EXTRA = 'pip install "keras-preact[onnx]"'
+# The largest difference of logits, relative to their largest magnitude, between an
+# exported ONNX model under onnxruntime and the network: float32 rounding only.
+ONNX_TOLERANCE = 1e-4
 # How encoded images reach the network's size: resized where their size differs (CIFAR,
 # the digits, image folders; the training pipeline's `data.resize`), or ImageNet's
 # evaluation crop (`data.central_crop`: shorter side to 256/224 of the size, centre crop).
@@ -114,7 +128,7 @@ def logits_function(network):
 
 
 def export_saved_model(network, directory, class_names, preprocessing, *, version=None, top_k=DEFAULT_TOP_K,
-                       metadata=None, normalization=None, verbose=True):
+                       metadata=None, normalization=None, formats=("saved_model",), verbose=True):
     """Writes `network` as the SavedModel `<directory>/<version>/` and its metadata.
 
     Args:
@@ -130,6 +144,8 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
             test error, ...).
         normalization: the training model's own normalisation layer, if there is one;
             default: a new one from `preprocessing`.
+        formats: what to write: "saved_model" and/or "onnx" (`export_onnx`: the pixel
+            signatures as ONNX models under `<version>/onnx/`, checked with onnxruntime).
         verbose: print where the model went and how long it took.
 
     Returns:
@@ -151,6 +167,11 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
                          f"preprocessing's {preprocessing.shape}.")
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer. Received: top_k={top_k!r}")
+    formats = tuple(formats)
+    if not formats or not set(formats) <= {"saved_model", "onnx"}:
+        raise ValueError(f"formats must name 'saved_model' and/or 'onnx'. Received: formats={formats!r}")
+    if "onnx" in formats:
+        require_onnx()
     version = next_version(directory) if version is None else version
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ValueError(f"version must be a positive integer. Received: version={version!r}")
@@ -197,23 +218,108 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
     partial = os.path.join(directory, f".partial-{version}")
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(directory, exist_ok=True)
-    archive.write_out(partial, verbose=False)
+    if "saved_model" in formats:
+        archive.write_out(partial, verbose=False)
+    else:
+        os.makedirs(partial)
+    onnx_files = export_onnx(network, partial, preprocessing, normalization) if "onnx" in formats else {}
     description = dict(
         name=os.path.basename(os.path.normpath(directory)), version=version, class_names=class_names,
         input=dict(dataclasses.asdict(preprocessing), pixel_range=[0, 255]),
         signatures={name: signature_description(name, preprocessing) for name in SIGNATURES},
-        outputs=list(OUTPUTS), top_k=top_k, network=network.name,
+        outputs=list(OUTPUTS), top_k=top_k, network=network.name, formats=list(formats),
         exported=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        versions=dict(keras=keras.__version__, tensorflow=tf.__version__),
+        versions=dict(keras=keras.__version__, tensorflow=tf.__version__, **onnx_versions(formats)),
+        **(dict(onnx=dict(files=onnx_files, outputs=list(ONNX_OUTPUTS))) if onnx_files else {}),
         **(metadata or {}),
     )
     with open(os.path.join(partial, METADATA_FILE), "w") as file:
         json.dump(description, file, indent=2)
     os.rename(partial, path)
     if verbose:
-        print(f"Exported {network.name} to {path} in {time.perf_counter() - started:.1f} s "
+        written = " and ".join({"saved_model": "a SavedModel", "onnx": "ONNX"}[kind] for kind in formats)
+        print(f"Exported {network.name} to {path} ({written}) in {time.perf_counter() - started:.1f} s "
               f"({directory_megabytes(path):.1f} MB).")
     return path
+
+
+def require_onnx():
+    """Raises an ImportError naming the extra when tf2onnx, onnx or onnxruntime is missing."""
+    for module in ("onnx", "tf2onnx", "onnxruntime"):
+        try:
+            __import__(module)
+        except ImportError:
+            raise ImportError(f"ONNX export needs the onnx extra ({module} is not installed): {ONNX_EXTRA}") from None
+
+
+def onnx_versions(formats):
+    if "onnx" not in formats:
+        return {}
+    import onnx
+    import onnxruntime
+    import tf2onnx
+
+    return dict(onnx=onnx.__version__, tf2onnx=tf2onnx.__version__, onnxruntime=onnxruntime.__version__)
+
+
+class OnnxSignature(keras.Model):
+    """One pixel signature of the SavedModel as a Keras model, for ONNX export: pixels
+    (uint8, normalised inside the graph) or normalised images (float32) to logits,
+    probabilities and class ids. The normalisation is `keras.layers.Normalization`'s
+    own formula over its mean and variance as constants of the graph."""
+
+    def __init__(self, network, mean=None, variance=None, **kwargs):
+        super().__init__(**kwargs)
+        self.network, self.logits_of = network, logits_function(network)
+        self.mean, self.variance = mean, variance
+
+    def call(self, inputs):
+        images = tf.cast(inputs, tf.float32)
+        if self.mean is not None:
+            images = (images - tf.constant(self.mean)) / tf.maximum(tf.sqrt(tf.constant(self.variance)),
+                                                                    keras.backend.epsilon())
+        logits = tf.cast(self.logits_of(images), tf.float32)
+        return dict(logits=logits, probabilities=tf.nn.softmax(logits), class_ids=tf.argmax(logits, axis=-1))
+
+
+def export_onnx(network, path, preprocessing, normalization):
+    """Writes `<path>/onnx/<signature>.onnx` for the pixel signatures (`ONNX_INPUTS`) with
+    Keras' ONNX export (tf2onnx), then runs each with onnxruntime on random pixels against
+    the network: a model whose logits differ by more than ONNX_TOLERANCE is an error.
+    Units in loops are written as separate units (ONNX has no equivalent of the loop).
+
+    Returns:
+        {signature: file path relative to `path`}.
+    """
+    import onnxruntime
+
+    # tf2onnx has no ONNX for the TensorLists of a `keras.ops.scan` loop: units in loops
+    # (`scan_units`) are exported as the same units, one layer each, with the same weights.
+    network = keras_preact.separate_units(network)
+    mean, variance = (keras.ops.convert_to_numpy(value).astype(np.float32)
+                      for value in (normalization.mean, normalization.variance))
+    pixels = np.random.default_rng(0).integers(0, 256, size=(4, *preprocessing.shape)).astype(np.uint8)
+    os.makedirs(os.path.join(path, ONNX_DIRECTORY), exist_ok=True)
+    files = {}
+    for signature, (name, dtype) in ONNX_INPUTS.items():
+        model = OnnxSignature(network, mean, variance) if dtype == tf.uint8 else OnnxSignature(network)
+        inputs = pixels if dtype == tf.uint8 else keras.ops.convert_to_numpy(normalization(pixels.astype(np.float32)))
+        expected = keras.ops.convert_to_numpy(model(inputs)["logits"])  # Keras exports called models only
+        files[signature] = os.path.join(ONNX_DIRECTORY, f"{signature}.onnx")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # tf2onnx's use of np.object, patched by Keras
+            model.export(os.path.join(path, files[signature]), format="onnx", verbose=False,
+                         input_signature=[tf.TensorSpec((None, *preprocessing.shape), dtype, name=name)])
+        session = onnxruntime.InferenceSession(os.path.join(path, files[signature]),
+                                               providers=["CPUExecutionProvider"])
+        logits = session.run(["logits"], {name: inputs.astype(dtype.as_numpy_dtype)})[0]
+        difference = np.abs(logits - expected).max() / max(np.abs(expected).max(), 1e-6)
+        if not difference <= ONNX_TOLERANCE:
+            raise ValueError(f"The ONNX model {files[signature]} computes other logits than the network under "
+                             f"onnxruntime on random pixels: relative difference {difference:.2g}, where float32 "
+                             f"rounding stays under {ONNX_TOLERANCE:g} (an untrained deep network can amplify "
+                             "rounding that much; a trained one does not). Export with --format saved_model.")
+    return files
 
 
 def signature_description(name, preprocessing):
@@ -260,7 +366,8 @@ def directory_megabytes(path):
     return sum(os.path.getsize(os.path.join(root, file)) for root, _, files in os.walk(path) for file in files) / 2**20
 
 
-def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k=DEFAULT_TOP_K, verbose=True):
+def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k=DEFAULT_TOP_K, verbose=True,
+               formats=("saved_model",)):
     """Exports the model a `python -m training train` run saved, with its run's facts.
 
     The run's `model.keras` is the training model (augmentation, normalisation, network);
@@ -290,11 +397,12 @@ def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k
                     training_steps=summary["steps"], training_config=summary.get("config"))
     return export_saved_model(network, os.path.join(output, name), summary["class_names"], preprocessing,
                               version=version, top_k=top_k, metadata=metadata,
-                              normalization=training_model.get_layer("normalization"), verbose=verbose)
+                              normalization=training_model.get_layer("normalization"), formats=formats,
+                              verbose=verbose)
 
 
 def export_shipped(model_name, dataset="cifar10", output=DEFAULT_DIRECTORY, name=None, version=None,
-                   top_k=DEFAULT_TOP_K, verbose=True):
+                   top_k=DEFAULT_TOP_K, verbose=True, formats=("saved_model",)):
     """Exports a network with keras-preact's shipped weights (`keras_preact.pretrained`),
     normalised with its data set's statistics, with the registry's facts in its metadata.
     The name defaults to "<dataset>_<model>", as a run's.
@@ -313,7 +421,8 @@ def export_shipped(model_name, dataset="cifar10", output=DEFAULT_DIRECTORY, name
                     training_config=entry.get("config"))
     name = checked_name(name or f"{dataset}_{model_name}")
     return export_saved_model(network, os.path.join(output, name), facts["classes"],
-                              preprocessing, version=version, top_k=top_k, metadata=metadata, verbose=verbose)
+                              preprocessing, version=version, top_k=top_k, metadata=metadata, formats=formats,
+                              verbose=verbose)
 
 
 def read_image_files(paths):

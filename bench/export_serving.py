@@ -37,7 +37,7 @@ CIFAR = export.Preprocessing.of(configs.CONFIGS["cifar10_paper"], channels=3)
 CLASS_NAMES = [f"class_{index}" for index in range(10)]
 
 
-def exported(name, directory):
+def exported(name, directory, formats=("saved_model",)):
     """Builds `name` with the BatchNorm statistics of a batch, exports it; returns the timings."""
     started = time.perf_counter()
     network = keras_preact.get_model(name, input_shape=CIFAR.shape, classes=len(CLASS_NAMES))
@@ -45,7 +45,8 @@ def exported(name, directory):
     images = np.random.default_rng(0).normal(size=(16, *CIFAR.shape)).astype("float32")
     keras_preact.analysis.set_batch_norm_statistics(network, images)
     started = time.perf_counter()
-    path = export.export_saved_model(network, os.path.join(directory, name), CLASS_NAMES, CIFAR, verbose=False)
+    path = export.export_saved_model(network, os.path.join(directory, name), CLASS_NAMES, CIFAR, formats=formats,
+                                     verbose=False)
     export_seconds = time.perf_counter() - started
     started = time.perf_counter()
     signature = tf.saved_model.load(path).signatures["serving_default"]

@@ -170,7 +170,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as directory:
         for index, name in enumerate(arguments.models):
-            path, _ = exported(name, directory)
+            path, _ = exported(name, directory, formats=("saved_model", "onnx"))
             served = Served(os.path.dirname(path), arguments.source, arguments.server_options.split())
             try:
                 connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)

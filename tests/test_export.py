@@ -250,7 +250,8 @@ def test_bad_preprocessing_is_a_clear_error(arguments, message):
 
 
 def test_missing_version_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="No SavedModel version folder"):
+    with pytest.raises(FileNotFoundError, match=r"No version folder with a SavedModel \(<directory>/<number>/"
+                                                r"saved_model.pb\) in "):
         export.latest_version(str(tmp_path))
 
 

@@ -72,7 +72,7 @@ def start_server(directory, *options):
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow"),
     )
     line = server.stdout.readline()
-    assert line.startswith(f"Serving {directory.name} version 1"), server.stderr.read()[-3000:]
+    assert line.startswith(f"Serving {directory.name} version 1 ("), server.stderr.read()[-3000:]
     return server, port
 
 
@@ -82,13 +82,30 @@ def stop_server(server):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """A calibrated ResNet-20 exported to saved_models/cifar10_resnet20/1 and served on 127.0.0.1."""
+def exported(tmp_path_factory):
+    """A calibrated ResNet-20 exported to saved_models/cifar10_resnet20/1, SavedModel and ONNX."""
     pixels = random_pixels(16, CIFAR, seed=3)
     network = calibrated(keras_preact.ResNet20(input_shape=CIFAR.shape, classes=10), CIFAR, pixels)
     directory = tmp_path_factory.mktemp("saved_models") / "cifar10_resnet20"
-    export.export_saved_model(network, str(directory), CIFAR_CLASSES, CIFAR, verbose=False)
-    server, port = start_server(directory, "--max-batch", str(MAX_BATCH))
+    export.export_saved_model(network, str(directory), CIFAR_CLASSES, CIFAR, formats=("saved_model", "onnx"),
+                              verbose=False)
+    return network, pixels, directory
+
+
+@pytest.fixture(scope="module")
+def served(exported):
+    """`exported` served with TensorFlow on 127.0.0.1: for what does not depend on the runtime."""
+    network, pixels, directory = exported
+    server, port = start_server(directory, "--max-batch", str(MAX_BATCH), "--runtime", "tensorflow")
+    yield network, Client(f"http://127.0.0.1:{port}"), pixels, directory
+    stop_server(server)
+
+
+@pytest.fixture(scope="module", params=serve.RUNTIMES)
+def served_by_each_runtime(exported, request):
+    """`exported` served with each runtime: the SavedModel on TensorFlow, the ONNX models on onnxruntime."""
+    network, pixels, directory = exported
+    server, port = start_server(directory, "--max-batch", str(MAX_BATCH), "--runtime", request.param)
     yield network, Client(f"http://127.0.0.1:{port}"), pixels, directory
     stop_server(server)
 
@@ -118,8 +135,8 @@ def assert_prediction_matches(prediction, expected, row):
     np.testing.assert_allclose(prediction["scores"], expected["scores"][row], atol=1e-5)
 
 
-def test_status_and_metadata(served):
-    _, client, _, _ = served
+def test_status_and_metadata(served_by_each_runtime):
+    _, client, _, _ = served_by_each_runtime
     assert client.get("/v1/models/cifar10_resnet20") == (200, {"model_version_status": [
         {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]})
     assert client.get("/v1/models/cifar10_resnet20/versions/1")[0] == 200
@@ -131,8 +148,8 @@ def test_status_and_metadata(served):
     assert metadata["metadata"]["keras_preact"]["class_names"] == CIFAR_CLASSES
 
 
-def test_row_format_predictions_equal_the_keras_model(served):
-    network, client, pixels, _ = served
+def test_row_format_predictions_equal_the_keras_model(served_by_each_runtime):
+    network, client, pixels, _ = served_by_each_runtime
     encoded = jpegs(pixels[:4])
     expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 5)
     status, response = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(image) for image in encoded]})
@@ -146,8 +163,8 @@ def test_row_format_predictions_equal_the_keras_model(served):
     assert status == 200 and named == response
 
 
-def test_columnar_format_and_the_other_signatures(served):
-    network, client, pixels, _ = served
+def test_columnar_format_and_the_other_signatures(served_by_each_runtime):
+    network, client, pixels, _ = served_by_each_runtime
     batch = pixels[:3]
     expected = expected_outputs(network, normalize(batch, CIFAR), CIFAR_CLASSES, 5)
     status, response = client.post("/v1/models/cifar10_resnet20:predict",
@@ -162,8 +179,8 @@ def test_columnar_format_and_the_other_signatures(served):
         assert_prediction_matches(prediction, expected, row)
 
 
-def test_query_command_prints_top_classes(served, tmp_path):
-    network, client, pixels, directory = served
+def test_query_command_prints_top_classes(served_by_each_runtime, tmp_path):
+    network, client, pixels, directory = served_by_each_runtime
     encoded = jpegs(pixels[5:7])
     paths = []
     for index, image in enumerate(encoded):
@@ -210,7 +227,7 @@ def test_serve_start_errors_name_the_port_or_file(served, tmp_path):
     shutil.copytree(directory, damaged)
     graph = damaged / "1" / "saved_model.pb"
     graph.write_bytes(graph.read_bytes()[:5000])
-    result = serve_command(str(damaged), "--port", str(free_port()))
+    result = serve_command(str(damaged), "--port", str(free_port()), "--runtime", "tensorflow")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"error: Could not load the SavedModel {damaged / '1'} (a truncated or corrupt saved_model.pb" in result.stderr
 
@@ -269,8 +286,9 @@ def truncated_jpeg(pixels):
          "5,000-digit version", "list signature", "dict signature", "100,000-deep JSON", "5,000-digit number",
          "too large for float32", "non-finite outputs"],
 )
-def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served, path, body, status, message):
-    _, client, pixels, _ = served
+def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served_by_each_runtime, path, body, status,
+                                                                    message):
+    _, client, pixels, _ = served_by_each_runtime
     answer_status, answer = client.post(f"/v1/models/cifar10_resnet20{path}", body(pixels))
     assert answer_status == status and sorted(answer) == ["error"]
     assert re.search(message, answer["error"]), answer["error"]
@@ -340,9 +358,9 @@ def test_unknown_model_and_routes_are_not_found(served):
     assert client.post("/v1/models/cifar10_resnet20/metadata", {})[0] == 405
 
 
-def test_concurrent_clients_are_all_answered_correctly(served):
+def test_concurrent_clients_are_all_answered_correctly(served_by_each_runtime):
     """8 clients x 50 requests at once, each request 1-3 different images: every answer right."""
-    network, client, _, _ = served
+    network, client, _, _ = served_by_each_runtime
     pixels = random_pixels(24, CIFAR, seed=4)
     encoded = jpegs(pixels)
     expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 5)
@@ -449,17 +467,17 @@ def png_header(width, height):
     (lambda: [png_header(100_000, 100_000)], "Instance 0 of 'images' is too large: Image size (10000000000 pixels) "
      "exceeds limit of 178956970 pixels, could be decompression bomb DOS attack."),
 ], ids=["one image", "the request's images", "a header alone", "a header past Pillow's own bound"])
-def test_image_bombs_are_refused_from_their_headers_before_decoding(served, images, message):
-    _, client, _, _ = served
+def test_image_bombs_are_refused_from_their_headers_before_decoding(served_by_each_runtime, images, message):
+    _, client, _, _ = served_by_each_runtime
     status, answer = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(image)
                                                                                         for image in images()]})
     assert (status, answer) == (413, {"error": message})
 
 
-def test_requests_batched_together_are_answered_each_its_own(served):
+def test_requests_batched_together_are_answered_each_its_own(served_by_each_runtime):
     """Good and undecodable requests from 8 clients at once: the server runs waiting requests
     as one batch, and each gets its own answer (a bad image fails its request alone)."""
-    network, client, pixels, _ = served
+    network, client, pixels, _ = served_by_each_runtime
     encoded = jpegs(pixels)
     expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 5)
 
@@ -515,3 +533,33 @@ def test_requests_that_wait_while_every_thread_is_busy_run_as_one_batch(batching
 
     assert asyncio.run(run()) == [f"answer to {index}" for index in range(len(sizes))]
     assert model.calls == calls
+
+
+def test_onnxruntime_answers_real_jpegs_as_the_saved_model_does(exported, cifar_folder, tmp_path):
+    """The bytes path of the onnxruntime runtime (TensorFlow's decoding, then ONNX) against
+    the SavedModel's graph on 12 CIFAR-10 test JPEGs: same classes, probabilities to 1e-5."""
+    _, _, directory = exported
+    files = [os.path.join(cifar_folder, "test", name, sorted(os.listdir(os.path.join(cifar_folder, "test", name)))[0])
+             for name in CIFAR_CLASSES]
+    files += [os.path.join(cifar_folder, "test", "cat", name)
+              for name in sorted(os.listdir(os.path.join(cifar_folder, "test", "cat")))[1:3]]
+    encoded = []
+    for file in files:
+        with open(file, "rb") as image:
+            encoded.append(b64(image.read()))
+    body = json.dumps({"instances": encoded}).encode()
+    answers = {runtime: serve.ModelServer(str(directory), runtime=runtime).predict(body)["predictions"]
+               for runtime in serve.RUNTIMES}
+    assert len(answers["onnxruntime"]) == 12
+    for saved_model, onnx in zip(answers["tensorflow"], answers["onnxruntime"], strict=True):
+        assert onnx["classes"] == saved_model["classes"] and onnx["class_ids"] == saved_model["class_ids"]
+        np.testing.assert_allclose(onnx["probabilities"], saved_model["probabilities"], atol=1e-5)
+        np.testing.assert_allclose(onnx["scores"], saved_model["scores"], atol=1e-5)
+
+    saved_model_only = tmp_path / "cifar10_resnet20"
+    shutil.copytree(directory, saved_model_only)
+    shutil.rmtree(saved_model_only / "1" / "onnx")
+    with pytest.raises(FileNotFoundError, match=r"^No version folder with ONNX models \(<directory>/<number>/"
+                                                r"onnx/predict_normalized.onnx\) in .*export --format onnx \(or all\)"):
+        serve.ModelServer(str(saved_model_only), runtime="onnxruntime")
+    assert not serve.onnx_servable(str(saved_model_only)) and serve.onnx_servable(str(directory))

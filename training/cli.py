@@ -161,6 +161,10 @@ def parser():
     serve_parser.add_argument("--request-timeout", type=float, default=defaults.DEFAULT_REQUEST_TIMEOUT,
                                help="seconds a request has to arrive whole, headers and body; past it, 408 and the "
                                f"connection closed (default: {defaults.DEFAULT_REQUEST_TIMEOUT:g})")
+    serve_parser.add_argument("--runtime", choices=("auto", "tensorflow", "onnxruntime"), default="auto",
+                               help="what runs the network: the SavedModel on TensorFlow, or the ONNX models of "
+                               "`export --format onnx|all` on onnxruntime (default auto: onnxruntime where the "
+                               "highest version has them and the onnx extra is installed)")
     serve_parser.add_argument("--no-batching", dest="batching", action="store_false",
                                help="run every request alone (by default, requests that wait while the network is "
                                "busy run together as one batch)")
@@ -396,7 +400,7 @@ def serve_command(arguments):
     from training import serve
 
     serve.serve(arguments.model_dir, arguments.host, arguments.port, arguments.max_batch, arguments.verbose,
-                arguments.max_in_flight, arguments.request_timeout, arguments.batching)
+                arguments.max_in_flight, arguments.request_timeout, arguments.batching, arguments.runtime)
     return 0
 
 

@@ -343,17 +343,20 @@ def versions(directory):
     return sorted(int(entry.name) for entry in os.scandir(directory) if entry.is_dir() and entry.name.isdigit())
 
 
-def latest_version(directory):
-    """`directory/<highest version>`, the one TF Serving serves by default.
+def latest_version(directory, kind="saved_model"):
+    """`directory/<highest version>` holding `kind` ("saved_model" or "onnx"): for a
+    SavedModel, the one TF Serving serves by default.
 
     Raises:
-        FileNotFoundError: if `directory` holds no numbered version with a SavedModel.
+        FileNotFoundError: if `directory` holds no numbered version with one.
     """
-    found = [version for version in versions(directory)
-             if os.path.exists(os.path.join(directory, str(version), "saved_model.pb"))]
+    marker = {"saved_model": "saved_model.pb", "onnx": os.path.join(ONNX_DIRECTORY, "predict_normalized.onnx")}[kind]
+    found = [version for version in versions(directory) if os.path.exists(os.path.join(directory, str(version), marker))]
     if not found:
-        raise FileNotFoundError(f"No SavedModel version folder (<directory>/<number>/saved_model.pb) in "
-                                f"{directory}. Export one with `python -m training export`. Received: {directory!r}")
+        how = "" if kind == "saved_model" else " --format onnx (or all)"
+        raise FileNotFoundError(f"No version folder with {'a SavedModel' if kind == 'saved_model' else 'ONNX models'} "
+                                f"(<directory>/<number>/{marker}) in {directory}. Export one with `python -m training "
+                                f"export{how}`. Received: {directory!r}")
     return os.path.join(directory, str(found[-1]))
 
 

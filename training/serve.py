@@ -74,6 +74,8 @@ UNDECODABLE = "Could not decode the image bytes (JPEG, PNG, GIF or BMP expected)
 INFERENCE_THREADS = 2
 # What a 503 asks the client to wait, in seconds.
 RETRY_AFTER_SECONDS = 1
+# What runs the network: the SavedModel, or its ONNX models (`export --format onnx|all`).
+RUNTIMES = ("tensorflow", "onnxruntime")
 ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?(?P<action>:predict|/metadata)?$")
 
 
@@ -105,16 +107,23 @@ class ModelServer:
     Args:
         directory: the model's folder, `saved_models/<name>`.
         max_batch: the most instances one request may hold.
+        runtime: "tensorflow" (the SavedModel) or "onnxruntime" (the ONNX models of
+            `export --format onnx|all`, as `OnnxSignature`s with the same signatures).
     """
 
-    def __init__(self, directory, max_batch=DEFAULT_MAX_BATCH):
+    def __init__(self, directory, max_batch=DEFAULT_MAX_BATCH, runtime="tensorflow"):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive integer. Received: max_batch={max_batch!r}")
-        self.path = export.latest_version(directory)
+        if runtime not in RUNTIMES:
+            raise ValueError(f"runtime must be one of {list(RUNTIMES)}. Received: runtime={runtime!r}")
+        self.path = export.latest_version(directory, "onnx" if runtime == "onnxruntime" else "saved_model")
         self.name = os.path.basename(os.path.normpath(directory))
         self.version = int(os.path.basename(self.path))
-        self.max_batch = max_batch
+        self.max_batch, self.runtime = max_batch, runtime
         self.metadata = export.read_metadata(self.path)
+        if runtime == "onnxruntime":
+            self.signatures = onnx_signatures(self.path, self.metadata)
+            return
         try:
             self.loaded = tf.saved_model.load(self.path)
         except Exception as error:  # noqa: BLE001  (a damaged saved_model.pb or variables: DecodeError, OpError, ...)
@@ -204,7 +213,7 @@ class ModelServer:
             outputs = function(**{key: tensor})
         except tf.errors.InvalidArgumentError as error:
             raise BadRequest(undecodable(tensor) if tensor.dtype == tf.string else first_line(error)) from None
-        return {output: value.numpy() for output, value in outputs.items()}
+        return {output: np.asarray(value) for output, value in outputs.items()}
 
     def respond(self, parsed, outputs):
         """The JSON-ready answer to `parsed` from its `outputs`; non-finite outputs are a BadRequest."""
@@ -219,6 +228,70 @@ class ModelServer:
         if not parsed.row_format:
             return {"outputs": outputs}
         return {"predictions": [dict(zip(outputs, row)) for row in zip(*outputs.values())]}
+
+
+class OnnxSignature:
+    """A signature of the SavedModel computed with onnxruntime: what `ModelServer` reads of
+    a concrete function (`structured_input_signature`, `structured_outputs`, a call with
+    the input by name), the same inputs, outputs and preprocessing.
+
+    Encoded images are decoded and resized with the SavedModel's own function
+    (`export.Preprocessing.decode`, TensorFlow eagerly), normalised as its
+    Normalization layer does and run through `predict_normalized.onnx`; the top-k class
+    names and scores come from the probabilities (ties to the lower class id, as
+    `tf.math.top_k`) and metadata.json's class names.
+    """
+
+    def __init__(self, session, key, spec, preprocessing, class_names, top_k):
+        self.session, self.key = session, key
+        normalization = preprocessing.normalization()
+
+        # Traced once: eagerly, tf.map_fn and the layer cost more than the network.
+        @tf.function(input_signature=[tf.TensorSpec((None,), tf.string)])
+        def decoded(images):
+            pixels = tf.map_fn(preprocessing.decode, images, fn_output_signature=tf.TensorSpec(preprocessing.shape))
+            return normalization(pixels)
+
+        self.decoded = decoded
+        self.class_names, self.top_k = np.array([name.encode() for name in class_names], dtype=object), top_k
+        self.structured_input_signature = ((), {key: spec})
+        classes = len(class_names)
+        self.structured_outputs = {
+            "logits": tf.TensorSpec((None, classes), tf.float32, "logits"),
+            "probabilities": tf.TensorSpec((None, classes), tf.float32, "probabilities"),
+            "class_ids": tf.TensorSpec((None,), tf.int64, "class_ids"),
+            "classes": tf.TensorSpec((None, top_k), tf.string, "classes"),
+            "scores": tf.TensorSpec((None, top_k), tf.float32, "scores")}
+
+    def __call__(self, **inputs):
+        values = inputs[self.key]
+        if self.key == "images":
+            values = self.decoded(values)
+        names = [output.name for output in self.session.get_outputs()]
+        outputs = dict(zip(names, self.session.run(names, {self.session.get_inputs()[0].name: np.asarray(values)})))
+        ranked = np.argsort(-outputs["probabilities"], axis=-1, kind="stable")[:, :self.top_k]
+        return dict(outputs, classes=self.class_names[ranked],
+                    scores=np.take_along_axis(outputs["probabilities"], ranked, -1))
+
+
+def onnx_signatures(path, metadata):
+    """The three signatures over a version folder's ONNX models, on as many threads as the
+    machine has cores (onnxruntime's default)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ImportError(f"--runtime onnxruntime needs the onnx extra: {export.ONNX_EXTRA}") from None
+    preprocessing = export.Preprocessing(**{field: value for field, value in metadata["input"].items()
+                                            if field != "pixel_range"})
+    sessions = {signature: onnxruntime.InferenceSession(os.path.join(path, file), providers=["CPUExecutionProvider"])
+                for signature, file in metadata["onnx"]["files"].items()}
+    shape = (None, *preprocessing.shape)
+    specs = {"serving_default": ("images", tf.TensorSpec((None,), tf.string, "images"), "predict_normalized"),
+             "predict_pixels": ("pixels", tf.TensorSpec(shape, tf.uint8, "pixels"), "predict_pixels"),
+             "predict_normalized": ("normalized", tf.TensorSpec(shape, tf.float32, "normalized"), "predict_normalized")}
+    return {name: OnnxSignature(sessions[onnx_name], key, spec, preprocessing, metadata["class_names"],
+                                metadata["top_k"])
+            for name, (key, spec, onnx_name) in specs.items()}
 
 
 def concatenated(requests):
@@ -569,8 +642,11 @@ class Protocol(H11Protocol):
 
 
 def serve(directory, host="127.0.0.1", port=DEFAULT_PORT, max_batch=DEFAULT_MAX_BATCH, verbose=False,
-          max_in_flight=DEFAULT_MAX_IN_FLIGHT, request_timeout=DEFAULT_REQUEST_TIMEOUT, batching=True):
-    """Serves the highest version of `directory` until interrupted (Ctrl-C or SIGTERM)."""
+          max_in_flight=DEFAULT_MAX_IN_FLIGHT, request_timeout=DEFAULT_REQUEST_TIMEOUT, batching=True, runtime="auto"):
+    """Serves the highest version of `directory` until interrupted (Ctrl-C or SIGTERM).
+
+    `runtime` "auto" serves with onnxruntime where the highest version has ONNX models
+    and onnxruntime is installed (faster: see the README), with TensorFlow otherwise."""
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an integer from 0 (any free port) to 65535. Received: port={port!r}")
     if not isinstance(max_in_flight, int) or max_in_flight < 1:
@@ -578,7 +654,9 @@ def serve(directory, host="127.0.0.1", port=DEFAULT_PORT, max_batch=DEFAULT_MAX_
     if not isinstance(request_timeout, (int, float)) or not 0 < request_timeout < float("inf"):
         raise ValueError(f"request_timeout must be a positive number of seconds. "
                          f"Received: request_timeout={request_timeout!r}")
-    model = ModelServer(directory, max_batch)
+    if runtime == "auto":
+        runtime = "onnxruntime" if onnx_servable(directory) else "tensorflow"
+    model = ModelServer(directory, max_batch, runtime)
     listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -593,6 +671,16 @@ def serve(directory, host="127.0.0.1", port=DEFAULT_PORT, max_batch=DEFAULT_MAX_
         backlog=LISTEN_BACKLOG, timeout_keep_alive=KEEP_ALIVE_SECONDS, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         lifespan="off", loop="asyncio", proxy_headers=False, server_header=False,
         log_level="info" if verbose else "error", access_log=verbose, timeout_graceful_shutdown=5)
-    print(f"Serving {model.name} version {model.version} ({model.path}) at "
+    print(f"Serving {model.name} version {model.version} ({model.path}, {runtime}) at "
           f"http://{host}:{listening.getsockname()[1]}/v1/models/{model.name}", flush=True)
     uvicorn.Server(config).run(sockets=[listening])
+
+
+def onnx_servable(directory):
+    """Whether the highest version of `directory` has ONNX models and onnxruntime is installed."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    newest = max(export.versions(directory), default=None)
+    return newest is not None and os.path.exists(os.path.join(directory, str(newest), export.ONNX_DIRECTORY))

@@ -420,6 +420,7 @@ class Batcher:
         self.pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="inference")
         self.idle_threads = threads
         self.waiting = collections.deque()  # (Parsed, future)
+        self.running = set()  # the event loop keeps only weak references to its tasks
 
     async def infer(self, parsed):
         """The outputs of the network for `parsed`, or the BadRequest it gets."""
@@ -431,7 +432,9 @@ class Batcher:
     def dispatch(self):
         while self.waiting and self.idle_threads:
             self.idle_threads -= 1
-            asyncio.ensure_future(self.run(self.next_batch()))
+            task = asyncio.ensure_future(self.run(self.next_batch()))
+            self.running.add(task)
+            task.add_done_callback(self.running.discard)
 
     def next_batch(self):
         batch = [self.waiting.popleft()]

@@ -15,6 +15,8 @@ them) and:
   20000 x 20000 pixels) and the seconds until it is refused; the server's resident memory
   warm and after the attacks.
 
+The models are exported as SavedModel and ONNX, so `serve` picks its default runtime
+(onnxruntime where installed); `--server-options='--runtime tensorflow'` chooses.
 `--source DIR` serves with the code in DIR (another checkout: the before of a change);
 `--server-options '--no-batching'` passes options to `serve`.
 """

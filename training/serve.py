@@ -25,7 +25,9 @@ request whole, a bound on open connections, and its errors as JSON. `Application
 bounds the requests in flight (503 with Retry-After past it), the body while reading it
 and the images' pixels from their headers before anything decodes them. `Batcher` runs
 the network on a bounded pool of threads, off the event loop, and runs the requests that
-arrive while every thread is busy as one batch, TF Serving's request batching.
+arrive while every thread is busy as one batch, TF Serving's request batching. The network
+is the SavedModel on TensorFlow, or (`runtime="onnxruntime"`) the version's ONNX models
+behind the same three signatures (`OnnxSignature`).
 """
 
 import asyncio

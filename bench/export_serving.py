@@ -37,8 +37,9 @@ CIFAR = export.Preprocessing.of(configs.CONFIGS["cifar10_paper"], channels=3)
 CLASS_NAMES = [f"class_{index}" for index in range(10)]
 
 
-def exported(name, directory, formats=("saved_model",)):
-    """Builds `name` with the BatchNorm statistics of a batch, exports it; returns the timings."""
+def exported(name, directory, formats=("saved_model",), fold_batch_norms=True):
+    """Builds `name` with the BatchNorm statistics of a batch, exports it (BatchNorm folded
+    unless told not to); returns the timings."""
     started = time.perf_counter()
     network = keras_preact.get_model(name, input_shape=CIFAR.shape, classes=len(CLASS_NAMES))
     build = time.perf_counter() - started
@@ -46,7 +47,7 @@ def exported(name, directory, formats=("saved_model",)):
     keras_preact.analysis.set_batch_norm_statistics(network, images)
     started = time.perf_counter()
     path = export.export_saved_model(network, os.path.join(directory, name), CLASS_NAMES, CIFAR, formats=formats,
-                                     verbose=False)
+                                     fold_batch_norms=fold_batch_norms, verbose=False)
     export_seconds = time.perf_counter() - started
     started = time.perf_counter()
     signature = tf.saved_model.load(path).signatures["serving_default"]

@@ -18,7 +18,8 @@ them) and:
 The models are exported as SavedModel and ONNX, so `serve` picks its default runtime
 (onnxruntime where installed); `--server-options='--runtime tensorflow'` chooses.
 `--source DIR` serves with the code in DIR (another checkout: the before of a change);
-`--server-options '--no-batching'` passes options to `serve`.
+`--server-options '--no-batching'` passes options to `serve`; `--no-fold` exports the
+networks with BatchNorm as they train, not folded into the convolutions.
 """
 
 import argparse
@@ -165,14 +166,16 @@ def main():
     parser.add_argument("--source", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         help="the checkout whose server runs (default: this one)")
     parser.add_argument("--server-options", default="", help="more options of `serve`, e.g. '--no-batching'")
+    parser.add_argument("--no-fold", dest="fold", action="store_false", help="export without folding BatchNorm")
     arguments = parser.parse_args()
-    print(f"machine: {machine()}; server code: {arguments.source} {arguments.server_options}")
+    print(f"machine: {machine()}; server code: {arguments.source} {arguments.server_options}; "
+          f"BatchNorm {'folded' if arguments.fold else 'not folded'}")
     bodies = jpeg_bodies()
     print("| model | clients x requests | requests/s | p50 ms | p95 ms | resets/failures | 503 | wrong |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as directory:
         for index, name in enumerate(arguments.models):
-            path, _ = exported(name, directory, formats=("saved_model", "onnx"))
+            path, _ = exported(name, directory, formats=("saved_model", "onnx"), fold_batch_norms=arguments.fold)
             served = Served(os.path.dirname(path), arguments.source, arguments.server_options.split())
             try:
                 connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)

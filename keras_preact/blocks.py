@@ -102,11 +102,17 @@ class BatchNorm(keras.layers.BatchNormalization):
 
     As in Keras, a layer that is not trainable normalizes with its moving statistics,
     and inputs of lower precision (mixed precision) are normalized in float32.
+
+    A BatchNorm folded into the convolution before it (`keras_preact.fold_batch_norms`)
+    only adds its `beta`, which then holds the folded bias, in training and inference.
     """
 
     collector = None
+    folded = False
 
     def call(self, inputs, training=None, mask=None):
+        if self.folded:
+            return ops.cast(ops.add(inputs, ops.cast(self.beta, inputs.dtype)), self.compute_dtype)
         if mask is not None or self.renorm:
             return super().call(inputs, training=training, mask=mask)
         inputs = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))

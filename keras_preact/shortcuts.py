@@ -28,6 +28,10 @@ class Shortcut(keras.layers.Layer):
         self.strides = strides
         self.weight_decay = defaults.validate_weight_decay(weight_decay)
 
+    def folding_pairs(self):
+        """The shortcut's (convolution, BatchNorm) pairs (see `ResidualUnit.folding_pairs`)."""
+        return []
+
     def compute_output_shape(self, input_shape):
         batch, height, width, _ = input_shape
         return (batch, blocks.strided_size(height, self.strides), blocks.strided_size(width, self.strides), self.output_channels)
@@ -103,6 +107,9 @@ class ProjectionShortcut(Shortcut):
     def call(self, inputs):
         projected = self.conv(inputs)
         return self.norm(projected) if self.norm is not None else projected
+
+    def folding_pairs(self):
+        return [(self.conv, self.norm)] if self.norm is not None else []
 
     def get_config(self):
         config = super().get_config()

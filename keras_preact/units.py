@@ -173,6 +173,12 @@ class ResidualUnit(keras.layers.Layer):
     def all_batch_norms(self):
         return [layer for layer in self._flatten_layers() if isinstance(layer, blocks.BatchNorm)]
 
+    def folding_pairs(self):
+        """The (convolution, BatchNorm) pairs of the unit in which the BatchNorm reads the
+        convolution's output and nothing else reads it: those `keras_preact.fold_batch_norms`
+        folds. In the post-activation units, every convolution with its own BatchNorm."""
+        return self.shortcut_path.folding_pairs() + list(zip(self.convs, self.norms, strict=True))
+
     def post_activation_branch(self, inputs, normalize_last=True):
         """conv-BN-ReLU, ..., conv-BN: F of the original unit (Fig. 4(a))."""
         residual = inputs
@@ -252,6 +258,10 @@ class BatchNormAfterAdditionUnit(ResidualUnit):
 
     def branches(self, inputs):
         return self.shortcut_path(inputs), self.post_activation_branch(inputs, normalize_last=False)
+
+    def folding_pairs(self):
+        # The last BatchNorm reads the sum, not the last convolution.
+        return self.shortcut_path.folding_pairs() + list(zip(self.convs[:-1], self.norms[:-1], strict=True))
 
     def call(self, inputs, training=None):
         shortcut, residual = self.computed_branches(inputs, training)
@@ -365,13 +375,22 @@ class PreActivationUnit(PreActivatedUnit):
         first = 2 if self.preactivation == "none" else 1
         self.norms = self.batch_norms(range(first, len(self.convs) + 1))
 
+    @property
+    def branch_norms(self):
+        """The BatchNorms inside the residual branch, each after a convolution but the last."""
+        return self.norms if self.preactivation == "none" else self.norms[1:]
+
     def branches(self, inputs):
         shortcut_input, activated = self.split(inputs, lambda x: ops.relu(self.norms[0](x)))
-        branch_norms = self.norms if self.preactivation == "none" else self.norms[1:]
         residual = self.convs[0](activated)
-        for norm, conv in zip(branch_norms, self.convs[1:]):
+        for norm, conv in zip(self.branch_norms, self.convs[1:]):
             residual = conv(ops.relu(norm(residual)))
         return self.shortcut_path(shortcut_input), residual
+
+    def folding_pairs(self):
+        # The pre-activation reads the unit's input; the last convolution's output goes
+        # to the addition. The projection shortcut has no BatchNorm of its own.
+        return list(zip(self.convs[:-1], self.branch_norms, strict=True))
 
     def call(self, inputs, training=None):
         shortcut, residual = self.computed_branches(inputs, training)

@@ -85,13 +85,14 @@ def test_export_command_writes_both_formats_of_the_shipped_weights(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 0, result.stderr[-3000:]
     path = tmp_path / "cifar10_resnet20" / "1"
-    assert f"Exported resnet20 to {path} (a SavedModel and ONNX)" in result.stdout
+    # Folded: the stem's BatchNorm and the middle one of each of the 9 units.
+    assert f"Exported resnet20 to {path} (a SavedModel and ONNX, 10 BatchNorms folded)" in result.stdout
     assert (f"ONNX models (checked with onnxruntime against the network): onnx/predict_pixels.onnx, "
             f"onnx/predict_normalized.onnx in {path}") in result.stdout
     assert "docs/cifar10/cat_0000.jpg  cat " in result.stdout  # the SavedModel's check, as before
     assert {"saved_model.pb", "onnx", "metadata.json"} <= set(os.listdir(path))
     metadata = export.read_metadata(str(path))
-    assert metadata["formats"] == ["saved_model", "onnx"]
+    assert metadata["formats"] == ["saved_model", "onnx"] and metadata["folded_batch_norms"] == 10
     assert set(metadata["versions"]) == {"keras", "tensorflow", "onnx", "tf2onnx", "onnxruntime"}
 
 

@@ -144,6 +144,9 @@ def parser():
     export_parser.add_argument("--format", choices=defaults.EXPORT_FORMATS, default=defaults.EXPORT_FORMATS[0],
                                 help="saved_model (default), onnx (the pixel signatures as ONNX models in <version>/"
                                 "onnx/, checked with onnxruntime; needs keras-preact[onnx]) or all (both)")
+    export_parser.add_argument("--no-fold", dest="fold", action="store_false",
+                                help="export the network as it trains, with BatchNorm after each convolution "
+                                "(default: BatchNorm folded into the convolution before it, the same outputs)")
     serve_parser = command(
         "serve", help="serve an exported model over TF Serving's REST API",
         description="Serve the highest version of a model folder at /v1/models/<name> with TF Serving's REST "
@@ -372,10 +375,11 @@ def export_command(arguments):
     formats = export.FORMATS[arguments.format]
     if arguments.run_dir is not None:
         path = export.export_run(arguments.run_dir, arguments.output, arguments.name, arguments.version,
-                                 arguments.top_k, formats=formats)
+                                 arguments.top_k, formats=formats, fold_batch_norms=arguments.fold)
     else:
         path = export.export_shipped(arguments.model, arguments.weights, arguments.output, arguments.name,
-                                     arguments.version, arguments.top_k, formats=formats)
+                                     arguments.version, arguments.top_k, formats=formats,
+                                     fold_batch_norms=arguments.fold)
     if "onnx" in formats:
         print(f"ONNX models (checked with onnxruntime against the network): "
               f"{', '.join(export.read_metadata(path)['onnx']['files'].values())} in {path}")

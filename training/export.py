@@ -14,6 +14,10 @@ returns `logits`, `probabilities`, `class_ids` (the arg max), and the top-k `cla
 (names, stored in the graph) with their `scores`. `metadata.json` beside
 `saved_model.pb` records the model, the class names, the input and its preprocessing,
 the training config and the final test error.
+
+By default the exported graph is the network with its BatchNorms folded into the
+convolutions before them (`keras_preact.fold_batch_norms`): the same outputs to float32
+rounding, fewer operations per image. `fold_batch_norms=False` exports it as it trains.
 """
 
 import dataclasses
@@ -128,7 +132,8 @@ def logits_function(network):
 
 
 def export_saved_model(network, directory, class_names, preprocessing, *, version=None, top_k=DEFAULT_TOP_K,
-                       metadata=None, normalization=None, formats=("saved_model",), verbose=True):
+                       metadata=None, normalization=None, formats=("saved_model",), fold_batch_norms=True,
+                       verbose=True):
     """Writes `network` as the SavedModel `<directory>/<version>/` and its metadata.
 
     Args:
@@ -146,6 +151,8 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
             default: a new one from `preprocessing`.
         formats: what to write: "saved_model" and/or "onnx" (`export_onnx`: the pixel
             signatures as ONNX models under `<version>/onnx/`, checked with onnxruntime).
+        fold_batch_norms: export the network with its BatchNorms folded into the
+            convolutions before them (`keras_preact.fold_batch_norms`), in both formats.
         verbose: print where the model went and how long it took.
 
     Returns:
@@ -181,6 +188,8 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
                               f"Received: version={version}")
 
     normalization = normalization or preprocessing.normalization()
+    trained = network
+    network = keras_preact.fold_batch_norms(network) if fold_batch_norms else network
     logits_of = logits_function(network)
     names = tf.constant(class_names)
     top_k = min(top_k, classes)
@@ -222,12 +231,13 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
         archive.write_out(partial, verbose=False)
     else:
         os.makedirs(partial)
-    onnx_files = export_onnx(network, partial, preprocessing, normalization) if "onnx" in formats else {}
+    onnx_files = export_onnx(trained, partial, preprocessing, normalization, fold_batch_norms) if "onnx" in formats else {}
     description = dict(
         name=os.path.basename(os.path.normpath(directory)), version=version, class_names=class_names,
         input=dict(dataclasses.asdict(preprocessing), pixel_range=[0, 255]),
         signatures={name: signature_description(name, preprocessing) for name in SIGNATURES},
         outputs=list(OUTPUTS), top_k=top_k, network=network.name, formats=list(formats),
+        folded_batch_norms=getattr(network, "folded_batch_norms", 0),
         exported=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         versions=dict(keras=keras.__version__, tensorflow=tf.__version__, **onnx_versions(formats)),
         **(dict(onnx=dict(files=onnx_files, outputs=list(ONNX_OUTPUTS))) if onnx_files else {}),
@@ -238,7 +248,8 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
     os.rename(partial, path)
     if verbose:
         written = " and ".join({"saved_model": "a SavedModel", "onnx": "ONNX"}[kind] for kind in formats)
-        print(f"Exported {network.name} to {path} ({written}) in {time.perf_counter() - started:.1f} s "
+        folded = f", {description['folded_batch_norms']} BatchNorms folded" if description["folded_batch_norms"] else ""
+        print(f"Exported {network.name} to {path} ({written}{folded}) in {time.perf_counter() - started:.1f} s "
               f"({directory_megabytes(path):.1f} MB).")
     return path
 
@@ -282,11 +293,12 @@ class OnnxSignature(keras.Model):
         return dict(logits=logits, probabilities=tf.nn.softmax(logits), class_ids=tf.argmax(logits, axis=-1))
 
 
-def export_onnx(network, path, preprocessing, normalization):
+def export_onnx(network, path, preprocessing, normalization, fold_batch_norms=True):
     """Writes `<path>/onnx/<signature>.onnx` for the pixel signatures (`ONNX_INPUTS`) with
     Keras' ONNX export (tf2onnx), then runs each with onnxruntime on random pixels against
     the network: a model whose logits differ by more than ONNX_TOLERANCE is an error.
-    Units in loops are written as separate units (ONNX has no equivalent of the loop).
+    Units in loops are written as separate units (ONNX has no equivalent of the loop),
+    with their BatchNorms folded if `fold_batch_norms`.
 
     Returns:
         {signature: file path relative to `path`}.
@@ -296,6 +308,7 @@ def export_onnx(network, path, preprocessing, normalization):
     # tf2onnx has no ONNX for the TensorLists of a `keras.ops.scan` loop: units in loops
     # (`scan_units`) are exported as the same units, one layer each, with the same weights.
     network = keras_preact.separate_units(network)
+    network = keras_preact.fold_batch_norms(network) if fold_batch_norms else network
     mean, variance = (keras.ops.convert_to_numpy(value).astype(np.float32)
                       for value in (normalization.mean, normalization.variance))
     pixels = np.random.default_rng(0).integers(0, 256, size=(4, *preprocessing.shape)).astype(np.uint8)
@@ -370,7 +383,7 @@ def directory_megabytes(path):
 
 
 def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k=DEFAULT_TOP_K, verbose=True,
-               formats=("saved_model",)):
+               formats=("saved_model",), fold_batch_norms=True):
     """Exports the model a `python -m training train` run saved, with its run's facts.
 
     The run's `model.keras` is the training model (augmentation, normalisation, network);
@@ -401,11 +414,11 @@ def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k
     return export_saved_model(network, os.path.join(output, name), summary["class_names"], preprocessing,
                               version=version, top_k=top_k, metadata=metadata,
                               normalization=training_model.get_layer("normalization"), formats=formats,
-                              verbose=verbose)
+                              fold_batch_norms=fold_batch_norms, verbose=verbose)
 
 
 def export_shipped(model_name, dataset="cifar10", output=DEFAULT_DIRECTORY, name=None, version=None,
-                   top_k=DEFAULT_TOP_K, verbose=True, formats=("saved_model",)):
+                   top_k=DEFAULT_TOP_K, verbose=True, formats=("saved_model",), fold_batch_norms=True):
     """Exports a network with keras-preact's shipped weights (`keras_preact.pretrained`),
     normalised with its data set's statistics, with the registry's facts in its metadata.
     The name defaults to "<dataset>_<model>", as a run's.
@@ -425,7 +438,7 @@ def export_shipped(model_name, dataset="cifar10", output=DEFAULT_DIRECTORY, name
     name = checked_name(name or f"{dataset}_{model_name}")
     return export_saved_model(network, os.path.join(output, name), facts["classes"],
                               preprocessing, version=version, top_k=top_k, metadata=metadata, formats=formats,
-                              verbose=verbose)
+                              fold_batch_norms=fold_batch_norms, verbose=verbose)
 
 
 def read_image_files(paths):

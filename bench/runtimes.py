@@ -10,9 +10,11 @@ ONNX, each with BatchNorm folded into the convolutions (the default) and as it t
 images/s of six ways to run the same network on normalised images: the Keras model
 (`predict_on_batch`) and its folded copy (`keras_preact.fold_batch_norms`), the
 SavedModel's `predict_normalized` signature and onnxruntime's `predict_normalized.onnx`
-(2 threads, as the server runs it), each folded and not. The six are measured in turn,
-`--rounds` times about a second each, and the median is printed, so that a slow moment
-of a shared machine falls on all of them alike. The networks have random weights (the
+(2 threads, as the server runs it), each folded and not. The folded and unfolded
+variants of one runtime are measured in turn, `--rounds` times about a second each, and
+the median is printed, so that a slow moment of a shared machine falls on both alike;
+the runtimes one after the other (onnxruntime's threads spin for a while after each
+call, which slows whatever runs next on the same cores). The networks have random weights (the
 speed does not depend on them) with the BatchNorm statistics of a batch of random images,
 and a bottleneck unit's last convolution scaled by 0.1, as after training: an untrained
 ResNet-1001 amplifies float rounding 1e6-fold (tests/test_export.py), which the export's
@@ -78,7 +80,7 @@ def runners(network, exported):
 
 
 def images_per_second(functions, batch, rounds):
-    """The median images/s of each function over `rounds` interleaved measurements."""
+    """The median images/s of each function over `rounds` measurements, interleaved."""
     for function in functions.values():  # traced, compiled, warmed
         function(batch)
     rates = {name: [] for name in functions}
@@ -115,7 +117,10 @@ def main():
                 for (kind, label), (seconds, megabytes, _) in exported.items()), flush=True)
             functions = runners(network, exported)
             for batch_size in arguments.batches:
-                rates = images_per_second(functions, normalized[:batch_size], arguments.rounds)
+                rates = {}
+                for runtime in ("Keras", "SavedModel", "onnxruntime"):
+                    rates.update(images_per_second({f"{runtime}{label}": functions[f"{runtime}{label}"]
+                                                    for label in FOLDINGS}, normalized[:batch_size], arguments.rounds))
                 rows.append((name, batch_size, rates))
                 print(f"{name} batch {batch_size}: " + ", ".join(f"{key} {value:.1f}" for key, value in rates.items()),
                       flush=True)

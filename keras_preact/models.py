@@ -358,6 +358,15 @@ def separate_units(model):
     return separate
 
 
+def is_chain(model):
+    """Whether the layers of `model` form a chain (`chain_layers`)."""
+    try:
+        chain_layers(model)
+    except ValueError:
+        return False
+    return True
+
+
 def chain_layers(model):
     """The layers of `model` after its input, checked to form a chain (each reads the
     previous one's output).

@@ -103,6 +103,7 @@ def test_versioned_layout_and_metadata(resnet20_export):
     assert metadata["input"] == dict(image_size=32, channels=3, normalization_mean=[125.3, 123.0, 113.9],
                                      normalization_std=[63.0, 62.1, 66.7], crop="resize", pixel_range=[0, 255])
     assert sorted(metadata["signatures"]) == sorted(export.SIGNATURES) and metadata["top_k"] == 5
+    assert metadata["folded_batch_norms"] == 10  # the stem's and the middle one of each of 9 units
 
 
 @pytest.mark.parametrize(
@@ -229,6 +230,18 @@ def test_bad_export_arguments_are_clear_errors(resnet20_export, tmp_path, change
                      preprocessing=CIFAR, verbose=False)
     with pytest.raises(ValueError, match=message):
         export.export_saved_model(**{**arguments, **change})
+
+
+def test_a_classifier_whose_layers_are_no_chain_exports_unfolded(tmp_path):
+    """Any Keras classifier exports; one that is not a chain of layers, as it is."""
+    inputs = keras.Input(CIFAR.shape)
+    convolved = keras_preact.blocks.SymmetricConv2D(4, 3, name="conv")(inputs)
+    joined = keras.layers.Concatenate()([keras_preact.blocks.batch_norm(0.0, "bn")(convolved), convolved])
+    outputs = keras.layers.Dense(10, activation="softmax")(keras.layers.GlobalAveragePooling2D()(joined))
+    network = calibrated(keras.Model(inputs, outputs), CIFAR, random_pixels(8, CIFAR))
+    path = export.export_saved_model(network, str(tmp_path / "model"), CIFAR_CLASSES, CIFAR, verbose=False)
+    assert export.read_metadata(path)["folded_batch_norms"] == 0
+    assert_signatures_match(network, path, CIFAR, CIFAR_CLASSES, random_pixels(8, CIFAR, seed=3))
 
 
 def test_a_network_without_classifier_is_refused(tmp_path):

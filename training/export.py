@@ -152,7 +152,8 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
         formats: what to write: "saved_model" and/or "onnx" (`export_onnx`: the pixel
             signatures as ONNX models under `<version>/onnx/`, checked with onnxruntime).
         fold_batch_norms: export the network with its BatchNorms folded into the
-            convolutions before them (`keras_preact.fold_batch_norms`), in both formats.
+            convolutions before them (`keras_preact.fold_batch_norms`), in both formats,
+            where its layers form a chain (every keras-preact network).
         verbose: print where the model went and how long it took.
 
     Returns:
@@ -189,7 +190,7 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
 
     normalization = normalization or preprocessing.normalization()
     trained = network
-    network = keras_preact.fold_batch_norms(network) if fold_batch_norms else network
+    network = inference_network(network, fold_batch_norms)
     logits_of = logits_function(network)
     names = tf.constant(class_names)
     top_k = min(top_k, classes)
@@ -254,6 +255,15 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
     return path
 
 
+def inference_network(network, fold_batch_norms):
+    """The network to export: with its BatchNorms folded (`keras_preact.fold_batch_norms`) if
+    asked and its layers form a chain, as every keras-preact network's do; another Keras
+    classifier as it is."""
+    if fold_batch_norms and keras_preact.models.is_chain(network):
+        return keras_preact.fold_batch_norms(network)
+    return network
+
+
 def require_onnx():
     """Raises an ImportError naming the extra when tf2onnx, onnx or onnxruntime is missing."""
     for module in ("onnx", "tf2onnx", "onnxruntime"):
@@ -307,8 +317,7 @@ def export_onnx(network, path, preprocessing, normalization, fold_batch_norms=Tr
 
     # tf2onnx has no ONNX for the TensorLists of a `keras.ops.scan` loop: units in loops
     # (`scan_units`) are exported as the same units, one layer each, with the same weights.
-    network = keras_preact.separate_units(network)
-    network = keras_preact.fold_batch_norms(network) if fold_batch_norms else network
+    network = inference_network(keras_preact.separate_units(network), fold_batch_norms)
     mean, variance = (keras.ops.convert_to_numpy(value).astype(np.float32)
                       for value in (normalization.mean, normalization.variance))
     pixels = np.random.default_rng(0).integers(0, 256, size=(4, *preprocessing.shape)).astype(np.uint8)

@@ -83,7 +83,8 @@ def main():
                 print(f"| {name} | {backend} | failed: {child.stderr.strip().splitlines()[-1]} |")
                 continue
             figures = json.loads(child.stdout.strip().splitlines()[-1])
-            print(f"| {name} | {backend} | {arguments.batch} | {figures['build_s']:.1f} | {figures['first_step_s']:.1f} | "
+            print(f"| {name} | {backend} | {arguments.batch} | {figures['build_s']:.1f} | "
+                  f"{figures['first_step_s']:.1f} | "
                   f"{figures['step_s']:.3f} | {figures['images_per_second']:.1f} | "
                   f"{figures['inference_per_second']:.1f} |", flush=True)
 

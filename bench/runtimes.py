@@ -56,8 +56,8 @@ def exports(network, directory):
             path = export.export_saved_model(network, directory, CLASS_NAMES, CIFAR, formats=(kind,),
                                              fold_batch_norms=fold, verbose=False)
             seconds = time.perf_counter() - started
-            written = path if kind == "saved_model" else os.path.join(path, export.ONNX_DIRECTORY, "predict_normalized.onnx")
-            megabytes = (export.directory_megabytes(path) if kind == "saved_model" else os.path.getsize(written) / 2**20)
+            onnx_file = os.path.join(path, export.ONNX_DIRECTORY, "predict_normalized.onnx")
+            megabytes = export.directory_megabytes(path) if kind == "saved_model" else os.path.getsize(onnx_file) / 2**20
             results[kind, label] = (seconds, megabytes, path)
     return results
 

@@ -13,8 +13,8 @@ import wrapt
 # keras_preact, or a light module such as `keras_preact.defaults`, imports neither Keras nor
 # its backend until a layer or network is asked for (`python -m training --help` answers at
 # once).
-_SUBMODULES = ("analysis", "architectures", "blocks", "defaults", "folding", "merges", "models", "pretrained", "shortcuts",
-               "stacked", "units")
+_SUBMODULES = ("analysis", "architectures", "blocks", "defaults", "folding", "merges", "models", "pretrained",
+               "shortcuts", "stacked", "units")
 _NAMES = {
     "architectures": ("ARCHITECTURES", "Architecture"),
     "folding": ("fold_batch_norms",),

@@ -70,9 +70,10 @@ def folded_weights(kernel, gamma, beta, mean, variance, epsilon):
     `kernel` is (..., height, width, inputs, outputs) and the BatchNorm's weights
     (..., outputs), with the same leading axes (a `StackedUnits`' stack of units).
     """
-    scale = ops.convert_to_tensor(gamma) / ops.sqrt(ops.convert_to_tensor(variance) + epsilon)
-    kernel_scale = ops.expand_dims(ops.expand_dims(ops.expand_dims(scale, -2), -2), -2)
-    return ops.convert_to_tensor(kernel) * kernel_scale, ops.convert_to_tensor(beta) - ops.convert_to_tensor(mean) * scale
+    kernel, gamma, beta, mean, variance = map(ops.convert_to_tensor, (kernel, gamma, beta, mean, variance))
+    scale = gamma / ops.sqrt(variance + epsilon)
+    kernel_scale = ops.expand_dims(ops.expand_dims(ops.expand_dims(scale, -2), -2), -2)  # over height, width, inputs
+    return kernel * kernel_scale, beta - mean * scale
 
 
 def folding_pairs(model):

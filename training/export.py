@@ -232,7 +232,8 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
         archive.write_out(partial, verbose=False)
     else:
         os.makedirs(partial)
-    onnx_files = export_onnx(trained, partial, preprocessing, normalization, fold_batch_norms) if "onnx" in formats else {}
+    onnx_files = (export_onnx(trained, partial, preprocessing, normalization, fold_batch_norms)
+                  if "onnx" in formats else {})
     description = dict(
         name=os.path.basename(os.path.normpath(directory)), version=version, class_names=class_names,
         input=dict(dataclasses.asdict(preprocessing), pixel_range=[0, 255]),

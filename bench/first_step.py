@@ -2,6 +2,7 @@
 
     python bench/first_step.py                                          # ResNet-1001, default layout
     python bench/first_step.py --models resnet110 resnet164 resnet1001 --layouts separate loops
+    python bench/first_step.py --models resnet20 resnet164 --layouts separate --batch 128 --phases
 
 What a new user meets (issue 16): for each network and layout, in a fresh process,
 the seconds to build it (`keras_preact.get_model`), and through `model.fit` on 32x32
@@ -10,6 +11,13 @@ calling `fit` to the end of its first step (tracing included), the median second
 the later steps, and the process's peak resident memory. Layouts: `default` (the
 model function's own choice, `scan_units=None`), `separate` (`scan_units=False`, a
 layer per unit) and `loops` (`scan_units=True`).
+
+`--phases`: where the first step of the training loop's own step goes (issue 13; the step
+of `python -m training` and of bench/harness.py, built before its first call as the loop
+builds it): seconds to trace it (Python building the graph) and the operations traced,
+seconds of the first call (graph optimization by Grappler, kernel creation, the step
+itself), of which Grappler is the difference to a first call in a process with
+Grappler's meta-optimizer off, and the median later step.
 """
 
 import argparse
@@ -58,30 +66,81 @@ def measure(name, layout, batch, steps):
                 peak_gib=peak_resident_gibibytes())
 
 
+def phases(name, layout, batch, steps, grappler):
+    import tensorflow as tf
+
+    import keras_preact
+    from harness import random_batch_training
+
+    if not grappler:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    model = keras_preact.get_model(name, scan_units=LAYOUTS[layout], classifier_activation=None)
+    step, _ = random_batch_training(model, batch)
+    started = time.perf_counter()
+    operations = len(step.get_concrete_function().graph.get_operations())
+    trace_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    step().numpy()
+    first_call_seconds = time.perf_counter() - started
+    later = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        step().numpy()
+        later.append(time.perf_counter() - started)
+    return dict(model=name, layout=layout, batch=batch, trace_s=trace_seconds, operations=operations,
+                first_call_s=first_call_seconds, step_s=statistics.median(later))
+
+
+def run(arguments, *options):
+    command = [sys.executable, os.path.abspath(__file__), *options, "--batch", str(arguments.batch),
+               "--steps", str(arguments.steps)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{options} failed: {result.stderr.strip().splitlines()[-1:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def print_phases(arguments):
+    print("| model | layout | batch | trace s | operations | first call s | of which Grappler s | trace + first call s "
+          "| later step s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in arguments.models:
+        for layout in arguments.layouts:
+            row = run(arguments, "--phase", name, layout, "on")
+            without = run(arguments, "--phase", name, layout, "off")
+            print(f"| {name} | {layout} | {row['batch']} | {row['trace_s']:.1f} | {row['operations']:,} | "
+                  f"{row['first_call_s']:.1f} | {row['first_call_s'] - without['first_call_s']:.1f} | "
+                  f"{row['trace_s'] + row['first_call_s']:.1f} | {row['step_s']:.3f} |", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["resnet1001"], help="keras-preact networks")
     parser.add_argument("--layouts", nargs="+", default=["default"], choices=sorted(LAYOUTS))
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5, help="timed steps after the first")
+    parser.add_argument("--phases", action="store_true", help="the training loop's step, phase by phase")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--phase", nargs=3, help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.one:
         print(json.dumps(measure(*arguments.one, arguments.batch, arguments.steps)))
         return
+    if arguments.phase:
+        name, layout, grappler = arguments.phase
+        print(json.dumps(phases(name, layout, arguments.batch, arguments.steps, grappler == "on")))
+        return
     from training_throughput import machine
 
     print(f"machine: {machine()}; {time.strftime('%Y-%m-%d')}")
+    if arguments.phases:
+        print_phases(arguments)
+        return
     print("| model | layout | units as loops | batch | build s | fit to first step s | later step s | peak GiB |")
     print("|---|---|---|---|---|---|---|---|")
     for name in arguments.models:
         for layout in arguments.layouts:
-            command = [sys.executable, os.path.abspath(__file__), "--one", name, layout,
-                       "--batch", str(arguments.batch), "--steps", str(arguments.steps)]
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise RuntimeError(f"{name} {layout} failed: {result.stderr.strip().splitlines()[-1:]}")
-            row = json.loads(result.stdout.strip().splitlines()[-1])
+            row = run(arguments, "--one", name, layout)
             print(f"| {row['model']} | {row['layout']} | {'yes' if row['loops'] else 'no'} | {row['batch']} | "
                   f"{row['build_s']:.1f} | {row['first_step_s']:.1f} | {row['step_s']:.3f} | {row['peak_gib']:.2f} |",
                   flush=True)

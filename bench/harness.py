@@ -129,25 +129,28 @@ def measure(name, steps, precision="float32", xla=False, batch=None, unfused=Fal
 
 
 def random_batch_training(model, batch, xla=False):
-    """(train_step, images): SGD with momentum on one batch of random images, the loss
-    and weight decay included, as a `tf.function` (what every benchmark here times)."""
+    """(train_step, images): the training loop's step (`training.loop.replica_step_function`:
+    the loss, SGD with momentum taking over the network's weight decay, `recipe.CoupledSGD`)
+    on one batch of random images, as a `tf.function` (what every benchmark here times).
+    The optimizer is built before the first step, as the training loop builds it."""
     import keras
     import numpy as np
     import tensorflow as tf
 
+    from training import loop, recipe
+
     images = tf.constant(np.random.default_rng(0).normal(size=(batch, *model.input_shape[1:])).astype("float32"))
     labels = tf.constant(np.arange(batch) % model.output_shape[-1])
-    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = recipe.CoupledSGD(0.1, momentum=0.9)
+    optimizer.take_weight_decay(model)
+    optimizer.build(model.trainable_variables)
+    per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    step = loop.replica_step_function(model, optimizer, batch, per_example_loss, xla)
 
-    @tf.function(jit_compile=xla)
+    @tf.function
     def train_step():
-        with tf.GradientTape() as tape:
-            value = loss(labels, tf.cast(model(images, training=True), tf.float32))
-            if model.losses:
-                value += tf.add_n(model.losses)
-        optimizer.apply(tape.gradient(value, model.trainable_variables), model.trainable_variables)
-        return value
+        loss, _ = step(images, labels)
+        return loss
 
     return train_step, images
 

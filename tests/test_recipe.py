@@ -69,10 +69,15 @@ def test_cpu_config_shortens_the_paper_schedule_in_proportion():
         PAPER.decay_boundaries[0] / PAPER.duration, PAPER.decay_boundaries[1] / PAPER.duration)
 
 
-def test_optimizer_is_sgd_with_the_paper_momentum():
+def test_optimizer_is_sgd_with_the_paper_momentum_taking_over_the_weight_decay():
     optimizer = recipe.optimizer(PAPER, 390)
-    assert isinstance(optimizer, keras.optimizers.SGD)
+    assert isinstance(optimizer, recipe.CoupledSGD)
     assert (optimizer.momentum, optimizer.nesterov) == (0.9, False)
+    model = recipe.training_model(PAPER.override("model=resnet20"), (32, 32, 3), 10)
+    optimizer = recipe.optimizer(PAPER, 390, model)
+    assert [optimizer.weight_decay_of(variable) for variable in model.trainable_variables] == pytest.approx(
+        [PAPER.weight_decay] * len(model.trainable_variables))
+    assert model.losses == []
     assert isinstance(recipe.optimizer(PAPER.override("precision=mixed_float16"), 390), keras.optimizers.LossScaleOptimizer)
 
 
@@ -118,7 +123,7 @@ def test_model_fit_on_arrays_with_the_recipe():
     images = np.round(digits.images * 255 / 16).astype("float32")[..., None]
     config = dataclasses.replace(configs.CONFIGS["digits_demo"], model="resnet20")
     model = recipe.training_model(config, (8, 8, 1), 10, seed=0)
-    model.compile(recipe.optimizer(config, 22), recipe.loss(), metrics=["accuracy"])
+    model.compile(recipe.optimizer(config, 22, model), recipe.loss(), metrics=["accuracy"])
     history = model.fit(images[:1400], digits.target[:1400], batch_size=64, epochs=3, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
     _, accuracy = model.evaluate(images[1400:], digits.target[1400:], verbose=0)

@@ -45,7 +45,10 @@ def test_gradients_equal_the_plain_network(name):
 @pytest.mark.parametrize("name", NETWORKS)
 def test_moving_statistics_update_once_as_without(name):
     """After a training step, gradient and recomputation included, and a second forward
-    pass, every BatchNorm's moving mean and variance equal the plain network's."""
+    pass, every BatchNorm's moving mean and variance equal the plain network's, to
+    float32 rounding: on TensorFlow the plain network's fused kernel averages them itself,
+    the rematerialized one's are averaged after the recomputation (an update counted
+    twice would be off by a tenth of the batch statistics)."""
     plain, rematerialized = twins(NETWORKS[name])
     images = random_images((8, 32, 32, 3), seed=1)
     gradients(plain, images, weighted_sum)
@@ -55,7 +58,7 @@ def test_moving_statistics_update_once_as_without(name):
     moving = [(variable.path, np.array(variable)) for variable in plain.non_trainable_variables]
     assert len(moving) == len(rematerialized.non_trainable_variables) > 0
     for (path, want), variable in zip(moving, rematerialized.non_trainable_variables):
-        np.testing.assert_array_equal(np.array(variable), want, err_msg=path)
+        np.testing.assert_allclose(np.array(variable), want, rtol=1e-6, atol=0, err_msg=path)
     # They moved: one update from 0 and 1 would not leave them there.
     assert not np.allclose(moving[0][1], 0.0)
 

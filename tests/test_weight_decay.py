@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import keras_preact as kp
+from training import recipe
 from tests.conftest import gradients, random_images
 
 LEARNING_RATE, MOMENTUM = 0.1, 0.9
@@ -68,3 +69,55 @@ def test_keras_decoupled_weight_decay_is_a_different_update():
     decoupled.set_weights(coupled.get_weights())
     trained = train(decoupled, keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM, weight_decay=DECAY))
     assert largest_difference(trained, hand_update(initial, DECAY)) > 1e-3
+
+
+def test_coupled_sgd_takes_over_the_networks_l2_regularizers():
+    model = tiny_network(DECAY)
+    model.layers[-1].kernel.regularizer = keras.regularizers.L1(1e-3)  # not weight decay: stays a loss
+    optimizer = recipe.CoupledSGD(LEARNING_RATE, momentum=MOMENTUM)
+    assert optimizer.take_weight_decay(model) == len(model.trainable_variables) - 1
+    model(INPUTS)
+    assert len(model.losses) == 1
+    assert optimizer.weight_decay_of(model.layers[1].trainable_variables[0]) == pytest.approx(DECAY)
+    assert optimizer.weight_decay_of(model.layers[-1].kernel) == 0.0
+
+
+def test_coupled_sgd_makes_the_coupled_update_by_hand():
+    model = tiny_network(DECAY)
+    initial = [np.array(variable) for variable in model.trainable_variables]
+    optimizer = recipe.CoupledSGD(LEARNING_RATE, momentum=MOMENTUM)
+    optimizer.take_weight_decay(model)
+    assert largest_difference(train(model, optimizer), hand_update(initial, DECAY)) < 1e-5
+
+
+@pytest.mark.parametrize("momentum, nesterov", [(MOMENTUM, False), (MOMENTUM, True), (0.0, False)])
+def test_coupled_sgd_equals_keras_sgd_on_the_regularization_loss(momentum, nesterov):
+    """On TensorFlow the fused kernel, elsewhere Keras' update: the same steps as Keras'
+    SGD on the L2 loss, to float32 rounding."""
+    with_loss = tiny_network(DECAY)
+    coupled = tiny_network(DECAY)
+    coupled.set_weights(with_loss.get_weights())
+    optimizer = recipe.CoupledSGD(LEARNING_RATE, momentum=momentum, nesterov=nesterov)
+    optimizer.take_weight_decay(coupled)
+    expected = train(with_loss, keras.optimizers.SGD(LEARNING_RATE, momentum=momentum, nesterov=nesterov), steps=3)
+    assert largest_difference(train(coupled, optimizer, steps=3), expected) < 1e-6
+
+
+@pytest.mark.tensorflow
+def test_a_checkpoint_of_keras_sgd_resumes_with_coupled_sgd(tmp_path):
+    """Runs checkpointed before the recipe's optimizer became `CoupledSGD` resume: the
+    optimizer variables keep their paths, and every momentum and the step count restore."""
+    from training import loop
+
+    before = tiny_network(DECAY)
+    # "sgd": the name of a training process's one SGD (later ones in a process are "sgd_1", ...).
+    train(before, keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM, name="sgd"))
+    written = loop.training_state(before, before.optimizer).save(str(tmp_path / "ckpt"))
+    after = tiny_network(DECAY)
+    optimizer = recipe.CoupledSGD(LEARNING_RATE, momentum=MOMENTUM)
+    optimizer.take_weight_decay(after)
+    optimizer.build(after.trainable_variables)
+    loop.training_state(after, optimizer).restore(written).assert_consumed()
+    assert int(optimizer.iterations) == 2
+    assert largest_difference([np.array(v) for v in optimizer.variables], [np.array(v) for v in before.optimizer.variables]) == 0
+    assert largest_difference(after.get_weights(), before.get_weights()) == 0

@@ -92,6 +92,36 @@ def synchronize_batch_norm(model):
         layer.synchronized = True
 
 
+def replica_step_function(model, optimizer, global_batch_size, per_example_loss, xla=False):
+    """One replica's training step, `(images, labels) -> (mean loss, correct answers)`:
+    the loss averaged over the global batch, the model's own losses (if any: the recipe's
+    optimizer takes the weight decay over, `recipe.CoupledSGD`), gradients, update.
+
+    Run it under `strategy.run` inside a `tf.function`; `xla` compiles the gradient
+    computation (XLA cannot compile the optimizer's cross-replica update).
+    """
+
+    def gradients(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = tf.nn.compute_average_loss(per_example_loss(labels, logits), global_batch_size=global_batch_size)
+            own_losses = model.losses
+            total = loss + tf.nn.scale_regularization_loss(tf.add_n(own_losses)) if own_losses else loss
+            scaled = optimizer.scale_loss(total)
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32))
+        return tape.gradient(scaled, model.trainable_variables), loss, correct
+
+    if xla:
+        gradients = tf.function(gradients, jit_compile=True)
+
+    def replica_step(images, labels):
+        grads, loss, correct = gradients(images, labels)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss, correct
+
+    return replica_step
+
+
 def train(config, run_dir, verbose=True, command=None):
     """Trains `config` in `run_dir`, resuming from its last checkpoint; returns the summary
     (`command`, the command line that runs it, is recorded there).
@@ -116,7 +146,7 @@ def train(config, run_dir, verbose=True, command=None):
         model = recipe.training_model(config, dataset.image_shape, len(dataset.class_names), seed=config.seed)
         if config.synchronized_batch_norm:
             synchronize_batch_norm(model)
-        optimizer = recipe.optimizer(config, steps_per_epoch)
+        optimizer = recipe.optimizer(config, steps_per_epoch, model)
         optimizer.build(model.trainable_variables)
         checkpoint = training_state(model, optimizer)
     # Every worker saves (saving is collective); only the chief's copy is kept.
@@ -126,24 +156,7 @@ def train(config, run_dir, verbose=True, command=None):
     first_step = int(optimizer.iterations.numpy())
 
     per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-
-    def gradients(images, labels):
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            loss = tf.nn.compute_average_loss(per_example_loss(labels, logits), global_batch_size=config.batch_size)
-            regularization = tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-            scaled = optimizer.scale_loss(loss + regularization)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32))
-        return tape.gradient(scaled, model.trainable_variables), loss, correct
-
-    if config.xla:
-        # Only the gradient computation: XLA cannot compile the optimizer's cross-replica update.
-        gradients = tf.function(gradients, jit_compile=True)
-
-    def replica_step(images, labels):
-        grads, loss, correct = gradients(images, labels)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss, correct
+    replica_step = replica_step_function(model, optimizer, config.batch_size, per_example_loss, config.xla)
 
     @tf.function
     def train_step(iterator):

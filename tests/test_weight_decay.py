@@ -121,3 +121,33 @@ def test_a_checkpoint_of_keras_sgd_resumes_with_coupled_sgd(tmp_path):
     assert int(optimizer.iterations) == 2
     assert largest_difference([np.array(v) for v in optimizer.variables], [np.array(v) for v in before.optimizer.variables]) == 0
     assert largest_difference(after.get_weights(), before.get_weights()) == 0
+
+
+@pytest.mark.tensorflow
+def test_the_training_loops_step_traces_one_fused_update_per_weight_and_no_l2_loss():
+    """What makes ResNet-164's first step 2.2x sooner (README, "The first training step"):
+    with `CoupledSGD` the loop's traced step has no regularization loss, one
+    `ResourceApplyKerasMomentum` per weight, and far fewer operations than the step with
+    Keras' SGD on the L2 loss (measured: 535 against 970 here; ResNet-164's 8,729
+    against 19,559, its BatchNorms' fewer operations included)."""
+    import collections
+
+    import tensorflow as tf
+
+    from training import loop
+
+    def traced_operations(model, optimizer):
+        optimizer.build(model.trainable_variables)
+        per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+        step = loop.replica_step_function(model, optimizer, len(LABELS), per_example_loss)
+        graph = tf.function(lambda: step(INPUTS, LABELS)).get_concrete_function().graph
+        return collections.Counter(operation.type for operation in graph.get_operations())
+
+    with_loss = traced_operations(tiny_network(DECAY), keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM))
+    model = tiny_network(DECAY)
+    optimizer = recipe.CoupledSGD(LEARNING_RATE, momentum=MOMENTUM)
+    optimizer.take_weight_decay(model)
+    coupled = traced_operations(model, optimizer)
+    assert coupled["ResourceApplyKerasMomentum"] == len(model.trainable_variables)
+    assert coupled["Square"] == 0 and with_loss["Square"] == len(model.trainable_variables)
+    assert sum(coupled.values()) < 0.6 * sum(with_loss.values())

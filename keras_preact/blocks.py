@@ -125,7 +125,7 @@ class BatchNorm(keras.layers.BatchNormalization):
         # outside the network's call, which passes `training` on.
         if (training or self.collector is not None) and self.trainable:
             if fused and self.collector is None:
-                # The kernel updates the moving averages itself: a third of the operations.
+                # The kernel updates the moving averages itself (five operations fewer per statistic).
                 outputs, moving_mean, moving_variance = _tensorflow_fused_batch_norm(
                     inputs, gamma, beta, self.epsilon, self.moving_mean, self.moving_variance, 1.0 - self.momentum)
                 self.moving_mean.assign(moving_mean)

@@ -25,6 +25,7 @@ before the fused path, and prints what the fused kernel gains.
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,16 @@ CIFAR_BATCH, IMAGENET_BATCH = 128, 32
 # Training a network costs about three times its forward pass (forward, and the
 # gradients with respect to activations and to weights).
 TRAINING_FLOPS_PER_FORWARD = 3
+
+
+def processor():
+    """The processor's model name (Linux's /proc/cpuinfo; elsewhere what `platform` knows)."""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor()
 
 
 def build(name, precision="float32", unfused=False, **options):

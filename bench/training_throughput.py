@@ -18,14 +18,13 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import tensorflow as tf  # noqa: E402
+from harness import processor  # noqa: E402  bench/, the script's folder
 
 from training import configs, data, loop  # noqa: E402
 
 
 def machine():
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    return f"{cpu}, {os.cpu_count()} cores, TensorFlow {tf.__version__}, Python {platform.python_version()}"
+    return f"{processor()}, {os.cpu_count()} cores, TensorFlow {tf.__version__}, Python {platform.python_version()}"
 
 
 def pipeline_images_per_second(config, batches):

@@ -128,8 +128,10 @@ def test_the_training_loops_step_traces_one_fused_update_per_weight_and_no_l2_lo
     """What makes ResNet-164's first step 2.2x sooner (README, "The first training step"):
     with `CoupledSGD` the loop's traced step has no regularization loss, one
     `ResourceApplyKerasMomentum` per weight, and far fewer operations than the step with
-    Keras' SGD on the L2 loss (measured: 535 against 970 here; ResNet-164's 8,729
-    against 19,559, its BatchNorms' fewer operations included)."""
+    Keras' SGD on the L2 loss (measured: 445 against 970 here; ResNet-164's 6,755
+    against 19,559, its BatchNorms' fewer operations included). Outside tf.distribute the
+    rate (a variable here) is read once for all weights, not once per weight, and no
+    gradient passes through an identity (Keras' all-reduce of one replica)."""
     import collections
 
     import tensorflow as tf
@@ -140,14 +142,20 @@ def test_the_training_loops_step_traces_one_fused_update_per_weight_and_no_l2_lo
         optimizer.build(model.trainable_variables)
         per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
         step = loop.replica_step_function(model, optimizer, len(LABELS), per_example_loss)
-        graph = tf.function(lambda: step(INPUTS, LABELS)).get_concrete_function().graph
-        return collections.Counter(operation.type for operation in graph.get_operations())
+        return tf.function(lambda: step(INPUTS, LABELS)).get_concrete_function().graph.get_operations()
 
-    with_loss = traced_operations(tiny_network(DECAY), keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM))
+    with_loss = collections.Counter(operation.type for operation in traced_operations(
+        tiny_network(DECAY), keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)))
     model = tiny_network(DECAY)
     optimizer = recipe.CoupledSGD(LEARNING_RATE, momentum=MOMENTUM)
     optimizer.take_weight_decay(model)
-    coupled = traced_operations(model, optimizer)
-    assert coupled["ResourceApplyKerasMomentum"] == len(model.trainable_variables)
-    assert coupled["Square"] == 0 and with_loss["Square"] == len(model.trainable_variables)
-    assert sum(coupled.values()) < 0.6 * sum(with_loss.values())
+    operations = traced_operations(model, optimizer)
+    coupled = collections.Counter(operation.type for operation in operations)
+    weights = len(model.trainable_variables)
+    assert coupled["ResourceApplyKerasMomentum"] == weights
+    assert coupled["Square"] == 0 and with_loss["Square"] == weights
+    assert sum(coupled.values()) < 0.5 * sum(with_loss.values())
+    reads = collections.Counter(operation.inputs[0].op.name for operation in operations
+                                if operation.type == "ReadVariableOp")
+    assert max(reads.values()) == 2  # a weight: in the network and for its decay; the rate: once
+    assert coupled["Identity"] < weights // 4

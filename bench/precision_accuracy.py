@@ -120,7 +120,8 @@ def main():
     epochs = round(config.duration)
     keras.config.set_dtype_policy(config.precision)
     keras.utils.set_random_seed(config.seed)
-    model = recipe.training_model(config, train_images.shape[1:], classes=10, seed=config.seed)
+    classes = int(train_labels.max()) + 1
+    model = recipe.training_model(config, train_images.shape[1:], classes, seed=config.seed)
     model.compile(recipe.optimizer(config, steps_per_epoch, model), recipe.loss(), metrics=["accuracy"])
     log = EpochLog(len(train_images))
     started = time.perf_counter()
@@ -132,8 +133,9 @@ def main():
                   changes=arguments.set, test_error=round(100 * (1 - test_accuracy), 2),
                   train_error=round(100 * (1 - train_accuracy), 2), training_seconds=round(training_seconds, 1),
                   machine=machine(), history=log.epochs)
-    print(f"{config.model} {config.precision} seed {config.seed}: {' '.join(arguments.set)}: final-epoch test error "
-          f"{result['test_error']:.2f} % (training images, inference mode: {result['train_error']:.2f} %) after {epochs} epochs, {training_seconds:.0f} s", flush=True)
+    run = " ".join([config.model, config.precision, f"seed {config.seed}", *arguments.set])
+    print(f"{run}: final-epoch test error {result['test_error']:.2f} % (training images, inference mode: "
+          f"{result['train_error']:.2f} %) after {epochs} epochs, {training_seconds:.0f} s", flush=True)
     if arguments.output:
         with open(arguments.output, "a") as output:
             output.write(json.dumps(result) + "\n")

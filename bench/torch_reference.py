@@ -5,10 +5,10 @@ trained on the same CIFAR-10 JPEGs with the same recipe.
 
 The network and recipe as akamaster/pytorch_resnet_cifar10 writes them (the issue's
 reference): the original (post-activation) ResNet-20 with option A shortcuts (stride-2
-subsampling and zero channels), Kaiming-normal convolutions; SGD, momentum 0.9, coupled
-weight decay 1e-4, batch 128, 4-pixel crops and horizontal flips, the images normalised
-by keras-preact's CIFAR-10 mean and standard deviation; the schedule is the zoo's
-(`cifar10_cpu`, schedule=cosine: one epoch at 0.01, then 0.1 annealed to 0 by a cosine).
+subsampling and zero channels), Kaiming-normal weights; 4-pixel crops and horizontal
+flips. The recipe's numbers are the zoo's config's (`cifar10_cpu`, schedule=cosine: SGD,
+momentum 0.9, coupled weight decay 1e-4, batch 128, one epoch at 0.01, then 0.1 annealed
+to 0 by a cosine; its CIFAR-10 mean and standard deviation).
 If this network misses He et al.'s 8.75 % by as much as the zoo's, the data is the cause,
 not keras-preact. `--arrays` is the .npz that bench/precision_accuracy.py writes. Prints
 the final-epoch test error and appends one JSON line to `--output`.
@@ -24,7 +24,9 @@ import torch
 import torch.nn.functional as functional
 from torch import nn
 
-from keras_preact import defaults  # no Keras import: the constants only
+from training.configs import CONFIGS  # no Keras import: the configs are data
+
+CONFIG = CONFIGS["cifar10_cpu"]
 
 
 class BasicBlock(nn.Module):
@@ -79,11 +81,11 @@ def augment(images, generator):
     return torch.where(flip[:, None, None, None], cropped.flip(3), cropped)
 
 
-def learning_rate(step, steps_per_epoch, total_steps):
-    if step < steps_per_epoch:
-        return 0.01
-    progress = (step - steps_per_epoch) / (total_steps - steps_per_epoch)
-    return 0.1 * 0.5 * (1 + math.cos(math.pi * progress))
+def learning_rate(step, warmup_steps, total_steps):
+    if step < warmup_steps:
+        return CONFIG.warmup_learning_rate
+    progress = (step - warmup_steps) / (total_steps - warmup_steps)
+    return CONFIG.learning_rate * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def main():
@@ -96,8 +98,8 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(arguments.seed)
     generator = torch.Generator(device).manual_seed(arguments.seed)
-    mean = torch.tensor(defaults.CIFAR10_MEAN, device=device)[:, None, None]
-    std = torch.tensor(defaults.CIFAR10_STD, device=device)[:, None, None]
+    mean = torch.tensor(CONFIG.normalization_mean, device=device)[:, None, None]
+    std = torch.tensor(CONFIG.normalization_std, device=device)[:, None, None]
     with np.load(arguments.arrays) as saved:
         def tensor(name):
             return torch.from_numpy(saved[name]).to(device)
@@ -105,18 +107,20 @@ def main():
         test_images = (tensor("test_images").permute(0, 3, 1, 2).float() - mean) / std
         train_labels, test_labels = tensor("train_labels").long(), tensor("test_labels").long()
     model = ResNet().to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=defaults.WEIGHT_DECAY)
-    steps_per_epoch = -(-len(train_images) // 128)
-    total_steps = arguments.epochs * steps_per_epoch
+    optimizer = torch.optim.SGD(model.parameters(), lr=CONFIG.learning_rate, momentum=CONFIG.momentum,
+                                weight_decay=CONFIG.weight_decay)
+    batch_size = CONFIG.batch_size
+    steps_per_epoch = -(-len(train_images) // batch_size)
+    warmup_steps, total_steps = round(CONFIG.warmup * steps_per_epoch), arguments.epochs * steps_per_epoch
     step, started = 0, time.perf_counter()
     for epoch in range(arguments.epochs):
         model.train()
         order = torch.randperm(len(train_images), generator=generator, device=device)
         correct = 0
-        for first in range(0, len(order), 128):
-            batch = order[first:first + 128]
+        for first in range(0, len(order), batch_size):
+            batch = order[first:first + batch_size]
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, steps_per_epoch, total_steps)
+                group["lr"] = learning_rate(step, warmup_steps, total_steps)
             logits = model(augment(train_images[batch], generator))
             loss = functional.cross_entropy(logits, train_labels[batch])
             optimizer.zero_grad(set_to_none=True)

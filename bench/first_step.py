@@ -17,12 +17,15 @@ of `python -m training` and of bench/harness.py, built before its first call as 
 builds it): seconds to trace it (Python building the graph) and the operations traced,
 seconds of the first call (graph optimization by Grappler, kernel creation, the step
 itself), of which Grappler is the difference to a first call in a process with
-Grappler's meta-optimizer off, and the median later step.
+Grappler's meta-optimizer off, and the median later step; beside each call, the CPU
+seconds the operating system spent for the process (on all cores) and its page faults:
+the first call is where the step's tensors first take their memory.
 """
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -79,16 +82,27 @@ def phases(name, layout, batch, steps, grappler):
     started = time.perf_counter()
     operations = len(step.get_concrete_function().graph.get_operations())
     trace_seconds = time.perf_counter() - started
-    started = time.perf_counter()
+    started, usage = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     step().numpy()
     first_call_seconds = time.perf_counter() - started
-    later = []
+    first_call_system = _system_usage_since(usage)
+    later, later_system = [], []
     for _ in range(steps):
-        started = time.perf_counter()
+        started, usage = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         step().numpy()
         later.append(time.perf_counter() - started)
+        later_system.append(_system_usage_since(usage))
     return dict(model=name, layout=layout, batch=batch, trace_s=trace_seconds, operations=operations,
-                first_call_s=first_call_seconds, step_s=statistics.median(later))
+                first_call_s=first_call_seconds, step_s=statistics.median(later),
+                first_call_system_s=first_call_system[0], first_call_page_faults=first_call_system[1],
+                step_system_s=statistics.median(seconds for seconds, _ in later_system),
+                step_page_faults=statistics.median(faults for _, faults in later_system))
+
+
+def _system_usage_since(usage):
+    """(system CPU seconds, page faults) of this process since `usage` (a `getrusage`)."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return now.ru_stime - usage.ru_stime, now.ru_minflt + now.ru_majflt - usage.ru_minflt - usage.ru_majflt
 
 
 def run(arguments, *options):
@@ -102,15 +116,17 @@ def run(arguments, *options):
 
 def print_phases(arguments):
     print("| model | layout | batch | trace s | operations | first call s | of which Grappler s | trace + first call s "
-          "| later step s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| later step s | system CPU s, first call / later step | page faults, first call / later step |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in arguments.models:
         for layout in arguments.layouts:
             row = run(arguments, "--phase", name, layout, "on")
             without = run(arguments, "--phase", name, layout, "off")
             print(f"| {name} | {layout} | {row['batch']} | {row['trace_s']:.1f} | {row['operations']:,} | "
                   f"{row['first_call_s']:.1f} | {row['first_call_s'] - without['first_call_s']:.1f} | "
-                  f"{row['trace_s'] + row['first_call_s']:.1f} | {row['step_s']:.3f} |", flush=True)
+                  f"{row['trace_s'] + row['first_call_s']:.1f} | {row['step_s']:.3f} | "
+                  f"{row['first_call_system_s']:.1f} / {row['step_system_s']:.2f} | "
+                  f"{row['first_call_page_faults']:,} / {row['step_page_faults']:,.0f} |", flush=True)
 
 
 def main():

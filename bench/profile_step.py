@@ -26,6 +26,7 @@ KINDS = {
     "convolution (input gradient)": ("Conv2DBackpropInput",),
     "convolution (weight gradient)": ("Conv2DBackpropFilter",),
     "matrix product": ("MatMul", "_FusedMatMul", "BatchMatMulV2"),
+    "BatchNorm, fused kernel (forward and gradient)": ("FusedBatchNormV3", "FusedBatchNormGradV3", "_FusedBatchNormEx"),
     "BatchNorm statistics (reductions)": ("Mean", "Sum", "SquaredDifference", "Prod"),
     "elementwise arithmetic (BatchNorm, loss)": ("Mul", "AddV2", "Sub", "Rsqrt", "RsqrtGrad", "RealDiv", "Neg",
                                                  "AddN", "Square", "Reciprocal", "BiasAdd", "BiasAddGrad",

@@ -111,7 +111,7 @@ def main():
         parser.error(f"--batch and --repeats must be positive; received {arguments.batch} and {arguments.repeats}")
     import keras_preact
 
-    model = keras_preact.get_model(arguments.model, classifier_activation=None)
+    model = keras_preact.get_model(arguments.model, scan_units=False, classifier_activation=None)
     parts = graph_parts(model, arguments.batch)
     matmul_rate = matmul_flops_per_second()
     print(f"machine: {machine()}; float32 matmul {matmul_rate / 1e9:.0f} GFLOP/s; {arguments.model}, "

@@ -93,11 +93,16 @@ def part_seconds(part, repeats):
 
 def convolution_flops(part):
     """Forward FLOPs of one convolution part (2 per multiply-add)."""
+    from keras_preact.blocks import strided_size
+
     _, input_shape, filter_shape, strides, padding = part
     batch, height, width, _ = input_shape
-    output_height = height // strides[1] if padding == "SAME" else (height - filter_shape[0]) // strides[1] + 1
-    output_width = width // strides[2] if padding == "SAME" else (width - filter_shape[1]) // strides[2] + 1
     kernel_height, kernel_width, channels, filters = filter_shape
+    if padding == "SAME":
+        output_height, output_width = strided_size(height, strides[1]), strided_size(width, strides[2])
+    else:  # VALID: the units pad explicitly before a strided convolution
+        output_height = (height - kernel_height) // strides[1] + 1
+        output_width = (width - kernel_width) // strides[2] + 1
     return 2 * batch * output_height * output_width * kernel_height * kernel_width * channels * filters
 
 
@@ -119,6 +124,7 @@ def main():
     print("| part | input | count | ms each, forward and gradients | s per step | rate |")
     print("|---|---|---|---|---|---|")
     totals = collections.Counter()
+    # BatchNorms, then convolutions; each by stage (the largest images first), then by channels.
     for part, count in sorted(parts.items(), key=lambda item: (item[0][0], -item[0][1][1], item[0][1][3])):
         seconds = part_seconds(part, arguments.repeats)
         totals[part[0]] += seconds * count

@@ -12,8 +12,16 @@ them) and:
 - with `--attacks` (first model only): 300 half-open connections (headers, then a body
   that never finishes) held open while 8 clients send 20 requests each (their p95), and
   how many of the 300 the server has closed 15 s later; an image bomb (a 431 KB PNG of
-  20000 x 20000 pixels) and the seconds until it is refused; the server's resident memory
-  warm and after the attacks.
+  20000 x 20000 pixels) and the seconds until it is refused; eight animated GIFs of a
+  64 x 64 frame and 16 frames of 4096 x 4096 in one request; four 57 MB bodies of 15
+  million numbers at once, while a probe client asks for the model's status every 10 ms
+  (its slowest answer is how long the server stalled); the server's resident memory warm
+  and after the attacks.
+
+`--clients 1 8 64` measures one and eight kept-alive clients (each client keeps its
+connection: before TCP_NODELAY, every response after a connection's first waited about
+40 ms for a delayed ACK). `--runtimes tensorflow onnxruntime` serves each model with each
+runtime in turn, one table.
 
 The models are exported as SavedModel and ONNX, so `serve` picks its default runtime
 (onnxruntime where installed); `--server-options='--runtime tensorflow'` chooses.
@@ -42,6 +50,9 @@ import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_serving import CIFAR, exported  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.test_serving_battery import animated_gif_bomb  # noqa: E402
 from training_throughput import machine  # noqa: E402
 
 HALF_OPEN_CONNECTIONS = 300
@@ -157,6 +168,48 @@ def bomb():
     return json.dumps({"instances": [{"b64": base64.b64encode(encoded.getvalue()).decode()}]}).encode()
 
 
+def large_bodies(served, bodies=4):
+    """`bodies` 57 MB bodies of 15 million numbers posted at once while a probe asks for the
+    model's status every 10 ms: (their statuses, seconds until all were answered, the probe's
+    slowest answer in seconds)."""
+    body = b'{"signature_name": "predict_normalized", "instances": [' + b"0.1," * 14_250_000 + b"0.1]}"
+    status_path = served.path.rsplit(":", 1)[0]
+    done, slowest = [], [0.0]
+
+    def probe():
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)
+        while not done:
+            started = time.perf_counter()
+            connection.request("GET", status_path)
+            connection.getresponse().read()
+            slowest[0] = max(slowest[0], time.perf_counter() - started)
+            time.sleep(0.01)
+        connection.close()
+
+    def send(_):
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
+        connection.request("POST", served.path, body, {"Content-Type": "application/json"})
+        status = connection.getresponse().status
+        connection.close()
+        return status
+
+    prober = concurrent.futures.ThreadPoolExecutor(1)
+    probing = prober.submit(probe)
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(bodies) as pool:
+        statuses = list(pool.map(send, range(bodies)))
+    seconds = time.perf_counter() - started
+    done.append(True)
+    probing.result()
+    prober.shutdown()
+    return statuses, seconds, slowest[0]
+
+
+def gif_bombs():
+    """Eight animated GIFs of a 64 x 64 first frame and 16 frames of 4096 x 4096 (212 KB each)."""
+    return json.dumps({"instances": [{"b64": base64.b64encode(animated_gif_bomb()).decode()}] * 8}).encode()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["resnet20", "resnet164"])
@@ -166,41 +219,58 @@ def main():
     parser.add_argument("--source", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         help="the checkout whose server runs (default: this one)")
     parser.add_argument("--server-options", default="", help="more options of `serve`, e.g. '--no-batching'")
+    parser.add_argument("--runtimes", nargs="+", default=["auto"], choices=["auto", "tensorflow", "onnxruntime"],
+                        help="serve each model with each of these runtimes in turn (default: serve's own choice)")
     parser.add_argument("--no-fold", dest="fold", action="store_false", help="export without folding BatchNorm")
     arguments = parser.parse_args()
     print(f"machine: {machine()}; server code: {arguments.source} {arguments.server_options}; "
           f"BatchNorm {'folded' if arguments.fold else 'not folded'}")
     bodies = jpeg_bodies()
-    print("| model | clients x requests | requests/s | p50 ms | p95 ms | resets/failures | 503 | wrong |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | runtime | clients x requests | requests/s | p50 ms | p95 ms | resets/failures | 503 | wrong |")
+    print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as directory:
         for index, name in enumerate(arguments.models):
             path, _ = exported(name, directory, formats=("saved_model", "onnx"), fold_batch_norms=arguments.fold)
-            served = Served(os.path.dirname(path), arguments.source, arguments.server_options.split())
-            try:
-                connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)
-                expected = [post(connection, served.path, body)[1]["predictions"][0]["class_ids"] for body in bodies]
-                connection.close()
-                warm = served.resident_megabytes()
-                for clients in arguments.clients:
-                    figures = load(served, bodies, expected, clients, arguments.requests)
-                    print(f"| {name} | {clients} x {arguments.requests} | {figures['rate']:.1f} | "
-                          f"{1000 * figures['p50']:.0f} | {1000 * figures['p95']:.0f} | {figures['failures']} | "
-                          f"{figures['unavailable']} | {figures['wrong']} |", flush=True)
-                if arguments.attacks and index == 0:
-                    normal, closed = half_open(served, bodies, expected)
-                    print(f"{name}: {HALF_OPEN_CONNECTIONS} half-open connections held: 8 clients x 20 requests "
-                          f"p95 {1000 * normal['p95']:.0f} ms, {normal['failures']} failures; {closed} of "
-                          f"{HALF_OPEN_CONNECTIONS} closed by the server 15 s later", flush=True)
-                    connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
-                    status, answer, seconds = post(connection, served.path, bomb())
-                    connection.close()
-                    print(f"{name}: image bomb (20000 x 20000 PNG): HTTP {status} in {1000 * seconds:.0f} ms: "
-                          f"{str(answer)[:120]}", flush=True)
-                    print(f"{name}: resident memory warm {warm:.0f} MB, after the attacks "
-                          f"{served.resident_megabytes():.0f} MB", flush=True)
-            finally:
-                served.close()
+            for runtime in arguments.runtimes:
+                serve_model(name, runtime, index == 0 and arguments.attacks, os.path.dirname(path), bodies, arguments)
+
+
+def serve_model(name, runtime, attacks, model_dir, bodies, arguments):
+    """The load (and, with `attacks`, the attacks) against one server of `model_dir`."""
+    options = arguments.server_options.split() + ([] if runtime == "auto" else ["--runtime", runtime])
+    served = Served(model_dir, arguments.source, options)
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)
+        expected = [post(connection, served.path, body)[1]["predictions"][0]["class_ids"] for body in bodies]
+        connection.close()
+        warm = served.resident_megabytes()
+        for clients in arguments.clients:
+            figures = load(served, bodies, expected, clients, arguments.requests)
+            print(f"| {name} | {runtime} | {clients} x {arguments.requests} | {figures['rate']:.1f} | "
+                  f"{1000 * figures['p50']:.0f} | {1000 * figures['p95']:.0f} | {figures['failures']} | "
+                  f"{figures['unavailable']} | {figures['wrong']} |", flush=True)
+        if attacks:
+            normal, closed = half_open(served, bodies, expected)
+            print(f"{name}: {HALF_OPEN_CONNECTIONS} half-open connections held: 8 clients x 20 requests "
+                  f"p95 {1000 * normal['p95']:.0f} ms, {normal['failures']} failures; {closed} of "
+                  f"{HALF_OPEN_CONNECTIONS} closed by the server 15 s later", flush=True)
+            connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
+            status, answer, seconds = post(connection, served.path, bomb())
+            connection.close()
+            print(f"{name}: image bomb (20000 x 20000 PNG): HTTP {status} in {1000 * seconds:.0f} ms: "
+                  f"{str(answer)[:120]}", flush=True)
+            connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
+            status, answer, seconds = post(connection, served.path, gif_bombs())
+            connection.close()
+            print(f"{name}: 8 animated GIFs (64 x 64, then 16 frames of 4096 x 4096): HTTP {status} in "
+                  f"{1000 * seconds:.0f} ms", flush=True)
+            statuses, seconds, slowest = large_bodies(served)
+            print(f"{name}: four 57 MB bodies of 15 million numbers at once: HTTP {statuses} in {seconds:.2f} s; "
+                  f"the probe's slowest answer meanwhile {1000 * slowest:.0f} ms", flush=True)
+            print(f"{name}: resident memory warm {warm:.0f} MB, after the attacks "
+                  f"{served.resident_megabytes():.0f} MB", flush=True)
+    finally:
+        served.close()
 
 
 if __name__ == "__main__":

@@ -31,10 +31,34 @@ DATASETS = {
 }
 
 
-def registry():
-    """{data set: {model name: entry}}: every shipped weights file, from the registry."""
-    with open(REGISTRY_FILE) as file:
-        return json.load(file)
+# What every registry entry must hold for a network to load (the rest documents it).
+REGISTRY_FIELDS = ("file", "sha256", "test_error")
+
+
+def registry(path=REGISTRY_FILE):
+    """{data set: {model name: entry}}: every shipped weights file, from the registry.
+
+    Raises:
+        ValueError: naming the registry file, if it is not valid JSON or an entry lacks
+            one of `REGISTRY_FIELDS` (an edited or damaged file: reinstall keras-preact).
+    """
+    remedy = "reinstall keras-preact, or restore the file"
+    try:
+        with open(path, "rb") as file:
+            entries = json.load(file)
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise ValueError(f"The weights registry {path} is not valid JSON ({str(error)[:120]}): {remedy}.") from None
+    if not isinstance(entries, dict):
+        raise ValueError(f"The weights registry {path} must map data sets to networks: {remedy}. "
+                         f"Received: {type(entries).__name__}")
+    for dataset, networks in entries.items():
+        for model_name, entry in (networks.items() if isinstance(networks, dict) else [(None, networks)]):
+            missing = [field for field in REGISTRY_FIELDS if not isinstance(entry, dict) or field not in entry]
+            if missing:
+                where = dataset if model_name is None else f"{dataset}.{model_name}"
+                raise ValueError(f"The weights registry {path} is damaged: its entry {where} lacks "
+                                 f"{', '.join(missing)}: {remedy}.")
+    return entries
 
 
 def shipped_networks(dataset):

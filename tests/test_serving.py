@@ -81,15 +81,20 @@ def stop_server(server):
     server.wait(timeout=30)
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """A calibrated ResNet-20 exported to saved_models/cifar10_resnet20/1, SavedModel and ONNX."""
-    pixels = random_pixels(16, CIFAR, seed=3)
+def export_resnet20(tmp_path_factory, seed):
+    """A ResNet-20 calibrated on 16 random images of `seed`, exported to
+    <tmp>/cifar10_resnet20/1 as SavedModel and ONNX: (network, pixels, directory)."""
+    pixels = random_pixels(16, CIFAR, seed=seed)
     network = calibrated(keras_preact.ResNet20(input_shape=CIFAR.shape, classes=10), CIFAR, pixels)
     directory = tmp_path_factory.mktemp("saved_models") / "cifar10_resnet20"
     export.export_saved_model(network, str(directory), CIFAR_CLASSES, CIFAR, formats=("saved_model", "onnx"),
                               verbose=False)
     return network, pixels, directory
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return export_resnet20(tmp_path_factory, seed=3)
 
 
 @pytest.fixture(scope="module")

@@ -254,6 +254,31 @@ def test_a_run_whose_checkpoints_are_all_unreadable_stops_and_names_them(tmp_pat
     assert not (tmp_path / "broken" / "log.csv").exists()
 
 
+def test_a_run_resumed_with_other_settings_is_refused_naming_them(tmp_path):
+    """The recorded config.json against the command's: another model or batch size is
+    refused before any checkpoint is read; how often it logs may change; an explicit option
+    allows the rest."""
+    run_dir = str(tmp_path / "run")
+    first = run_training("--run-dir", run_dir, *SHORT, "--set", "duration=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["batch_size"] == 64
+    for changes, differences in [
+        (["--set", "model=resnet32"], "model: 'resnet20' -> 'resnet32'"),
+        (["--set", "batch_size=32", "--set", "seed=3"], "batch_size: 64 -> 32, seed: 0 -> 3"),
+    ]:
+        result = run_training("--run-dir", run_dir, *SHORT, "--set", "duration=1", *changes)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert (f"error: The run in {run_dir} was started with other settings; resuming it would train another "
+                f"recipe. Differing fields: {differences}. Run the same command") in result.stderr
+        assert "truncated or corrupt" not in result.stderr
+    same = run_training("--run-dir", run_dir, *SHORT, "--set", "duration=1", "--set", "log_every=2")
+    assert same.returncode == 0, same.stderr[-3000:]
+    allowed = run_training("--run-dir", run_dir, *SHORT, "--set", "duration=2", "--allow-config-changes")
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert f"Resuming {run_dir} with changed settings (--allow-config-changes): duration." in allowed.stdout
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["duration"] == 2
+
+
 def image_folder_of(root, layout):
     """`root/{split}/{class}/{n}.jpg` for {(split, class): images}: small random JPEGs."""
     for (split, name), count in layout.items():

@@ -16,12 +16,11 @@ comparable with the paper's.
 
 import csv
 import dataclasses
-import json
 import os
 import re
 import statistics
 
-from training import configs, plots
+from training import configs, files, plots
 
 # The paper reports a run whose test error exceeds 20 % as "fail" (Table 1).
 FAIL_ERROR = 20.0
@@ -182,8 +181,7 @@ def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(),
                                    f"seed{config.seed}")
             summary_path = os.path.join(run_dir, "summary.json")
             if os.path.exists(summary_path):  # finished before, or by another column: read back
-                with open(summary_path) as file:
-                    summary = json.load(file)
+                summary = files.read_json(summary_path, "delete its run folder to train it again")
             else:
                 if verbose:
                     number = trainings.index((cell.dataset, cell.model, cell.row.label)) * seeds + seed + 1

@@ -59,6 +59,9 @@ def parser():
                        help="tf.distribute strategy; multi_worker reads the cluster from TF_CONFIG")
     train.add_argument("--run-dir", help="where checkpoints, logs, plots and the model go "
                        "(default: runs/<config>-<model>)")
+    train.add_argument("--allow-config-changes", action="store_true",
+                       help="resume a run with settings other than those it started with (refused otherwise; "
+                       "data_dir, evaluate_every, checkpoint_every and log_every may always change)")
     train.add_argument("--seeds", type=int, default=1, help="train this many seeds (0, 1, ...) and report "
                        "the median and mean +- std of the final test error, as the paper does")
     configs_parser = command(
@@ -239,7 +242,7 @@ def config_from(arguments):
     return config
 
 
-def train_seeds(config, run_dir, seeds, command=None):
+def train_seeds(config, run_dir, seeds, command=None, allow_config_changes=False):
     from training import loop
 
     loop.configure(config)
@@ -247,7 +250,7 @@ def train_seeds(config, run_dir, seeds, command=None):
     for seed in range(seeds):
         seeded = dataclasses.replace(config, seed=config.seed + seed)
         directory = run_dir if seeds == 1 else os.path.join(run_dir, f"seed{seeded.seed}")
-        summaries.append(loop.train(seeded, directory, command=command))
+        summaries.append(loop.train(seeded, directory, command=command, allow_config_changes=allow_config_changes))
     if seeds > 1:
         errors = [100 * summary[f"{summary['evaluated_on']}_error"] for summary in summaries]
         result = dict(seeds=seeds, test_errors=errors, median=statistics.median(errors),
@@ -289,7 +292,7 @@ def main(argv=None):
         if arguments.seeds < 1:
             raise ValueError(f"--seeds must be at least 1. Received: --seeds {arguments.seeds}")
         command = "python -m training " + shlex.join(sys.argv[1:] if argv is None else argv)
-        train_seeds(config, run_dir, arguments.seeds, command)
+        train_seeds(config, run_dir, arguments.seeds, command, arguments.allow_config_changes)
         return 0
     except Exception as error:
         # Bad input exits with 2, a diverged run with 3, a run whose checkpoints are all

@@ -29,16 +29,33 @@ def query(server, model, paths, signature="serving_default", top_k=None, timeout
     request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            predictions = json.load(response)["predictions"]
+            predictions = answer(url, response.status, response.read()).get("predictions")
     except urllib.error.HTTPError as error:
-        raise ValueError(f"{url} answered {error.code}: {json.load(error).get('error')}") from None
+        raise ValueError(f"{url} answered {error.code}: {answer(url, error.code, error.read()).get('error')}") from None
     except urllib.error.URLError as error:
         raise ConnectionError(f"No server answers at {url}: {error.reason}. Start one with "
                               f"`python -m training serve saved_models/{model}`.") from None
+    if not isinstance(predictions, list) or len(predictions) != len(paths) or not all(
+            isinstance(prediction, dict) and {"classes", "scores"} <= set(prediction) for prediction in predictions):
+        raise ValueError(f"{url} answered without a prediction (classes and scores) for each of the {len(paths)} "
+                         "images: is it TF Serving's REST API with a keras-preact model?")
     for prediction in predictions:
         prediction["classes"] = prediction["classes"][:top_k]
         prediction["scores"] = prediction["scores"][:top_k]
     return predictions
+
+
+def answer(url, status, body):
+    """A server's JSON answer as a dict, or a ValueError that shows what it sent instead."""
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        value = None
+    if not isinstance(value, dict):
+        shown = body[:120].decode("utf-8", "replace")
+        raise ValueError(f"{url} answered {status} with a body that is not a JSON object, so it is not TF Serving's "
+                         f"REST API (is --server right?). Received: {shown!r}{'...' if len(body) > 120 else ''}")
+    return value
 
 
 def print_predictions(paths, predictions, file=sys.stdout):

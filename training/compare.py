@@ -8,10 +8,9 @@ shared the CPU with other jobs logged slower stretches that say nothing of the s
 else the run's own logged hours.
 """
 
-import json
 import os
 
-from training import plots
+from training import files, plots
 
 # "Close to the best": within this many points of the lowest final error of the runs compared.
 MARGIN_POINTS = 1.0
@@ -26,8 +25,7 @@ def load_run(run_dir):
     paths = [os.path.join(run_dir, file) for file in ("summary.json", "log.csv")]
     if not all(os.path.isfile(path) for path in paths):
         raise FileNotFoundError(f"compare needs finished runs (summary.json and log.csv). Received: {run_dir!r}")
-    with open(paths[0]) as file:
-        return json.load(file), plots.read_log(paths[1])
+    return files.read_json(paths[0], "train the run again, or restore the file"), plots.read_log(paths[1])
 
 
 def compare(run_dirs, output, images_per_second=None):

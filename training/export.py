@@ -35,7 +35,7 @@ import tensorflow as tf
 
 import keras_preact
 from keras_preact import pretrained
-from training import configs, data, recipe
+from training import configs, data, files, recipe
 from training.defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS
 
 SIGNATURES = ("serving_default", "predict_pixels", "predict_normalized")
@@ -106,9 +106,26 @@ class Preprocessing:
         return layer
 
     def decode(self, encoded):
-        """Encoded bytes -> float32 pixels (0-255) of the network's size, as `training.data`."""
-        image = tf.io.decode_image(encoded, channels=self.channels, expand_animations=False)
+        """Encoded bytes -> float32 pixels (0-255) of the network's size, as `training.data`.
+
+        JPEG and PNG decoders convert to `channels` themselves; GIF and BMP decode to their
+        own channels (GIF: RGB; BMP: grey, RGB or RGBA), converted here: alpha dropped,
+        grey repeated to RGB, RGB to grey with `tf.image.rgb_to_grayscale`'s weights."""
+        own_channels = tf.logical_or(tf.equal(tf.strings.substr(encoded, 0, 3), b"GIF"),
+                                     tf.equal(tf.strings.substr(encoded, 0, 2), b"BM"))
+        image = tf.cond(own_channels, lambda: to_channels(tf.io.decode_image(encoded, expand_animations=False),
+                                                          self.channels),
+                        lambda: tf.io.decode_image(encoded, channels=self.channels, expand_animations=False))
         return tf.ensure_shape(CROPS[self.crop](image, self.image_size), self.shape)
+
+
+def to_channels(image, channels):
+    """uint8 pixels [height, width, 1 to 4 channels] as 1 (grey) or 3 (RGB) channels."""
+    have = tf.shape(image)[-1]
+    rgb = tf.cond(have >= 3, lambda: image[..., :3], lambda: tf.image.grayscale_to_rgb(image[..., :1]))
+    if channels == 3:
+        return rgb
+    return tf.cond(have >= 3, lambda: tf.image.rgb_to_grayscale(rgb), lambda: image[..., :1])
 
 
 def logits_function(network):
@@ -226,8 +243,8 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
     # Written beside the final folder and renamed: TF Serving, polling `directory`, never
     # sees a half-written version.
     partial = os.path.join(directory, f".partial-{version}")
+    files.make_directory(directory, "model folder")
     shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(directory, exist_ok=True)
     if "saved_model" in formats:
         archive.write_out(partial, verbose=False)
     else:
@@ -242,7 +259,9 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
         folded_batch_norms=getattr(network, "folded_batch_norms", 0),
         exported=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         versions=dict(keras=keras.__version__, tensorflow=tf.__version__, **onnx_versions(formats)),
-        **(dict(onnx=dict(files=onnx_files, outputs=list(ONNX_OUTPUTS))) if onnx_files else {}),
+        **(dict(onnx=dict(files=onnx_files, outputs=list(ONNX_OUTPUTS),
+                          sha256={signature: pretrained.sha256(os.path.join(partial, file))
+                                  for signature, file in onnx_files.items()})) if onnx_files else {}),
         **(metadata or {}),
     )
     with open(os.path.join(partial, METADATA_FILE), "w") as file:
@@ -384,8 +403,12 @@ def latest_version(directory, kind="saved_model"):
 
 
 def read_metadata(version_path):
-    with open(os.path.join(version_path, METADATA_FILE)) as file:
-        return json.load(file)
+    """A version folder's metadata.json.
+
+    Raises:
+        FileNotFoundError, ValueError: naming the file, if it is missing or not a JSON object.
+    """
+    return files.read_json(os.path.join(version_path, METADATA_FILE), "export the model again")
 
 
 def directory_megabytes(path):
@@ -408,8 +431,7 @@ def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k
     if not (os.path.exists(model_path) and os.path.exists(summary_path)):
         raise FileNotFoundError(f"{run_dir} holds no finished training run (model.keras and summary.json); train "
                                 f"with `python -m training train --run-dir {run_dir}` first. Received: {run_dir!r}")
-    with open(summary_path) as file:
-        summary = json.load(file)
+    summary = files.read_json(summary_path, "train the run again, or restore the file")
     config = run_config(summary)
     try:
         training_model = keras.saving.load_model(model_path)
@@ -503,8 +525,8 @@ def run_config(summary):
 
 def example_image(run_dir):
     """(encoded bytes, true class) of the first test image of a run's data set."""
-    with open(os.path.join(run_dir, "summary.json")) as file:
-        config = run_config(json.load(file))
+    config = run_config(files.read_json(os.path.join(run_dir, "summary.json"), "train the run again, or restore "
+                                        "the file"))
     dataset = data.load(dataclasses.replace(config, test_examples=None))
     split = dataset.test
     item, label = (split.items[0], split.labels[0]) if split.items is not None else next(iter(split.stream))

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_preact import blocks, stacked
-from training import configs, data, plots, recipe
+from training import configs, data, files, plots, recipe
 
 # test_* or validation_*: the split a run evaluates on (`Config.validation_examples`); hours: of
 # training steps, summed over the sessions of a resumed run.
@@ -29,6 +29,11 @@ CSV_FIELDS = ["step", "epoch", "loss", "accuracy", "learning_rate", "test_loss",
               "validation_loss", "validation_error", "hours"]
 # Evaluation batch size: a memory bound only; results do not depend on it.
 EVALUATION_BATCH = 500
+# The run's config as it started, beside its checkpoints: a resumed run must have the same.
+CONFIG_FILE = "config.json"
+# Fields a resumed run may change: where the data is read from and how often it is logged,
+# evaluated and checkpointed; none of them changes a weight.
+RESUMABLE_CHANGES = ("data_dir", "evaluate_every", "checkpoint_every", "log_every")
 
 
 class TrainingDiverged(RuntimeError):
@@ -122,13 +127,18 @@ def replica_step_function(model, optimizer, global_batch_size, per_example_loss,
     return replica_step
 
 
-def train(config, run_dir, verbose=True, command=None):
+def train(config, run_dir, verbose=True, command=None, allow_config_changes=False):
     """Trains `config` in `run_dir`, resuming from its last checkpoint; returns the summary
     (`command`, the command line that runs it, is recorded there).
 
+    A run records its config in `run_dir/config.json` when it starts; a resumed run whose
+    config differs from it in a field outside `RESUMABLE_CHANGES` is refused, unless
+    `allow_config_changes` (the new config is then recorded).
+
     Raises:
         TrainingDiverged: if the loss becomes NaN or infinite (no checkpoint is written).
-        ValueError: if the batch size does not divide over the replicas.
+        ValueError: if the batch size does not divide over the replicas, if `run_dir`
+            cannot be made, or if the run resumed was started with other settings.
     """
     strategy = make_strategy(config)
     replicas = strategy.num_replicas_in_sync
@@ -137,6 +147,9 @@ def train(config, run_dir, verbose=True, command=None):
             f"batch_size must be divisible by the number of replicas ({replicas}). Received: batch_size={config.batch_size}"
         )
     chief = is_chief(strategy)
+    if chief:
+        files.make_directory(run_dir, "run folder")
+        check_resumed_config(config, run_dir, allow_config_changes, verbose)
     dataset = data.load(config)
     steps_per_epoch = configs.steps_per_epoch(dataset.train.size, config.batch_size)
     total_steps = config.total_steps(steps_per_epoch)
@@ -249,6 +262,33 @@ def train(config, run_dir, verbose=True, command=None):
             f"{summary['weights_sha256'][:16]}; run in {run_dir}."
         )
     return summary
+
+
+def check_resumed_config(config, run_dir, allow_changes=False, verbose=True):
+    """Records `config` in `run_dir/config.json` for a new run; for a resumed one, compares
+    it with the recorded config.
+
+    Raises:
+        ValueError: naming each differing field (recorded -> now), where one outside
+            `RESUMABLE_CHANGES` differs and not `allow_changes`.
+    """
+    path = os.path.join(run_dir, CONFIG_FILE)
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    now = json.loads(json.dumps(dataclasses.asdict(config)))  # tuples as JSON lists, as recorded
+    if os.path.exists(path) and os.path.isdir(checkpoints) and os.listdir(checkpoints):
+        recorded = files.read_json(path, "move the run folder away to train from the start")
+        changed = [field for field in sorted(set(recorded) | set(now))
+                   if recorded.get(field) != now.get(field) and field not in RESUMABLE_CHANGES]
+        if changed and not allow_changes:
+            differences = ", ".join(f"{field}: {recorded.get(field)!r} -> {now.get(field)!r}" for field in changed)
+            raise ValueError(f"The run in {run_dir} was started with other settings; resuming it would train another "
+                             f"recipe. Differing fields: {differences}. Run the same command as it started with, "
+                             "choose another --run-dir, or resume with --allow-config-changes to train on with "
+                             "the new settings.")
+        if changed and verbose:
+            print(f"Resuming {run_dir} with changed settings (--allow-config-changes): {', '.join(changed)}.")
+    with open(path, "w") as file:
+        json.dump(now, file, indent=2)
 
 
 def restore_newest_intact(checkpoint, checkpoint_dir, verbose=True):

@@ -41,6 +41,7 @@ import json
 import os
 import re
 import socket
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ import uvicorn
 from PIL import Image
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from keras_preact import pretrained
 from training import export
 from training.defaults import DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT
 
@@ -70,7 +72,17 @@ KEEP_ALIVE_SECONDS = 5
 MAX_IMAGE_PIXELS = 4096 * 4096
 MAX_REQUEST_PIXELS = 4 * MAX_IMAGE_PIXELS
 IMAGE_FORMATS = ("JPEG", "PNG", "GIF", "BMP")  # what tf.io.decode_image reads
+# Formats whose files may hold several frames, each of its own size: the server decodes
+# their first frame alone (Pillow) and hands it on as PNG; TensorFlow's GIF decoder would
+# decode every frame, whatever the limits read from the first frame's header.
+FIRST_FRAME_ONLY = ("GIF",)
 UNDECODABLE = "Could not decode the image bytes (JPEG, PNG, GIF or BMP expected): "
+# Top-level fields besides the instances' values that a request may add to the count of
+# values (`ModelServer.max_separators`).
+REQUEST_FIELDS_SLACK = 16
+# Threads that parse request bodies (JSON, base64, image headers), off the event loop: at
+# most this many bodies are materialised at once.
+PARSE_THREADS = 2
 # Threads that run the network; each batch uses every core through TensorFlow's own
 # threads, two keep the cores busy while the other thread converts and answers.
 INFERENCE_THREADS = 2
@@ -89,9 +101,12 @@ class BadRequest(ValueError):
         self.status = status
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Parsed:
-    """A `:predict` request read and checked: the signature, its input, the instances."""
+    """A `:predict` request read and checked: the signature, its input, the instances.
+
+    Compared by identity (`eq=False`): two requests are never "equal", and nothing
+    compares the NumPy arrays they hold."""
 
     signature: str
     key: str
@@ -118,8 +133,8 @@ class ModelServer:
             raise ValueError(f"max_batch must be a positive integer. Received: max_batch={max_batch!r}")
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {list(RUNTIMES)}. Received: runtime={runtime!r}")
+        self.name = served_name(directory)
         self.path = export.latest_version(directory, "onnx" if runtime == "onnxruntime" else "saved_model")
-        self.name = os.path.basename(os.path.normpath(directory))
         self.version = int(os.path.basename(self.path))
         self.max_batch, self.runtime = max_batch, runtime
         self.metadata = export.read_metadata(self.path)
@@ -132,6 +147,20 @@ class ModelServer:
             raise ValueError(f"Could not load the SavedModel {self.path} (a truncated or corrupt saved_model.pb or "
                              f"variables/: export it again): {type(error).__name__}: {str(error)[:300]}") from error
         self.signatures = dict(self.loaded.signatures)
+        check_class_names(self.signatures, self.metadata, os.path.join(self.path, export.METADATA_FILE))
+
+    @functools.cached_property
+    def max_separators(self):
+        """The most commas a request of `max_batch` instances holds, for its largest signature:
+        each instance's numbers and nested arrays (or its one string), and a few fields.
+        Counted in the body's bytes before it is parsed, this bounds the values JSON makes."""
+        def per_instance(spec):
+            sizes = [size for size in spec.shape.as_list()[1:]]
+            return sum(int(np.prod(sizes[:end])) for end in range(1, len(sizes) + 1)) or 1
+
+        largest = max(per_instance(spec) for function in self.signatures.values()
+                      for spec in function.structured_input_signature[1].values())
+        return self.max_batch * largest + REQUEST_FIELDS_SLACK
 
     def status(self):
         return {"model_version_status": [
@@ -165,6 +194,11 @@ class ModelServer:
             BadRequest: for malformed JSON, an unknown signature, a missing, mistyped or
                 misshapen input, too large a batch, or images too large or not images.
         """
+        separators = body.count(b",")  # bytes.count: a 57 MB body in about 30 ms, nothing built
+        if separators > self.max_separators:
+            raise BadRequest(f"The request holds too many values: {separators + 1:,} or more, where {self.max_batch} "
+                             f"instances (--max-batch) of this model's largest input hold at most "
+                             f"{self.max_separators:,}.", 413)
         try:
             request = json.loads(body)
         except (UnicodeDecodeError, ValueError) as error:  # ValueError: JSON errors, numbers of over 4,300 digits
@@ -189,7 +223,7 @@ class ModelServer:
         elif not row_format and isinstance(values, dict) and key in values:
             values = values[key]
         values = to_values(values, spec, key, self.max_batch)
-        pixels = image_pixels(values, key) if spec.dtype == tf.string else 0
+        values, pixels = checked_images(values, key) if spec.dtype == tf.string else (values, 0)
         return Parsed(name, key, values, row_format, pixels)
 
     def infer(self, requests):
@@ -230,6 +264,35 @@ class ModelServer:
         if not parsed.row_format:
             return {"outputs": outputs}
         return {"predictions": [dict(zip(outputs, row)) for row in zip(*outputs.values())]}
+
+
+def served_name(directory):
+    """The name a model folder is served by: its base name, which must be one URL path
+    segment (`export.MODEL_NAME`: no ":" or "/", which the routes use).
+
+    Raises:
+        ValueError: for a folder whose name no URL of TF Serving's API can reach.
+    """
+    name = os.path.basename(os.path.normpath(directory))
+    if not export.MODEL_NAME.fullmatch(name):
+        raise ValueError(f"The model folder's name {name!r} cannot be served: TF Serving's URLs "
+                         "(/v1/models/<name>:predict) need a name of letters, digits, '_', '-' and '.', not starting "
+                         f"with '.'. Rename the folder. Received: {directory!r}")
+    return name
+
+
+def check_class_names(signatures, metadata, metadata_path):
+    """Raises a ValueError naming `metadata_path` where its class names are missing or do not
+    match the number of classes the network's logits have."""
+    names = metadata.get("class_names")
+    if not isinstance(names, list) or not names or not all(isinstance(name, str) for name in names):
+        raise ValueError(f"{metadata_path} has no list of class names ('class_names'): export the model again. "
+                         f"Received: class_names={json.dumps(names)[:80]}")
+    for name, function in signatures.items():
+        classes = function.structured_outputs["logits"].shape[-1]
+        if classes != len(names):
+            raise ValueError(f"{metadata_path} names {len(names)} classes, but the signature {name!r} has {classes} "
+                             "logits: the metadata belongs to another model. Export the model again.")
 
 
 class OnnxSignature:
@@ -278,22 +341,78 @@ class OnnxSignature:
 
 def onnx_signatures(path, metadata):
     """The three signatures over a version folder's ONNX models, on as many threads as the
-    machine has cores (onnxruntime's default)."""
+    machine has cores (onnxruntime's default), each file checked first: its SHA-256 against
+    the one metadata.json recorded at export, then its input and outputs against the
+    signature's and the class names.
+
+    Raises:
+        ValueError: naming the file, for a missing, empty, truncated, altered or swapped
+            ONNX model, or metadata.json without what the models need.
+    """
     try:
         import onnxruntime
     except ImportError:
         raise ImportError(f"--runtime onnxruntime needs the onnx extra: {export.ONNX_EXTRA}") from None
-    preprocessing = export.Preprocessing(**{field: value for field, value in metadata["input"].items()
-                                            if field != "pixel_range"})
-    sessions = {signature: onnxruntime.InferenceSession(os.path.join(path, file), providers=["CPUExecutionProvider"])
-                for signature, file in metadata["onnx"]["files"].items()}
+    metadata_path = os.path.join(path, export.METADATA_FILE)
+    try:
+        preprocessing = export.Preprocessing(**{field: value for field, value in metadata["input"].items()
+                                                if field != "pixel_range"})
+        files, digests = metadata["onnx"]["files"], metadata["onnx"].get("sha256", {})
+        class_names, top_k = metadata["class_names"], metadata["top_k"]
+        missing = sorted(set(export.ONNX_INPUTS) - set(files))
+        if missing:
+            raise KeyError(f"onnx.files.{missing[0]}")
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{metadata_path} does not describe the ONNX models ({type(error).__name__}: {error}): "
+                         "export the model again with --format onnx (or all).") from None
     shape = (None, *preprocessing.shape)
+    sessions = {}
+    for signature, (key, dtype) in export.ONNX_INPUTS.items():
+        file = os.path.join(path, files[signature])
+        if signature in digests and os.path.isfile(file) and pretrained.sha256(file) != digests[signature]:
+            raise ValueError(f"The ONNX model {file} is not the one exported with {metadata_path}: its SHA-256 "
+                             f"differs from the recorded {digests[signature][:16]}... (replaced, truncated or "
+                             "altered). Export the model again.")
+        try:
+            session = onnxruntime.InferenceSession(file, providers=["CPUExecutionProvider"])
+        except Exception as error:  # noqa: BLE001  (onnxruntime reports a missing or damaged file as many kinds)
+            reason = " ".join(str(error).split())[:200]
+            raise ValueError(f"Could not load the ONNX model {file} (missing, empty, truncated or corrupt: export "
+                             f"it again): {type(error).__name__}: {reason}") from None
+        check_onnx_session(session, file, key, dtype, shape, len(class_names))
+        sessions[signature] = session
+    if not digests:
+        warnings.warn(f"{metadata_path} records no SHA-256 of the ONNX models (exported by an older keras-preact): "
+                      "they were checked by their inputs and outputs only.", stacklevel=2)
     specs = {"serving_default": ("images", tf.TensorSpec((None,), tf.string, "images"), "predict_normalized"),
              "predict_pixels": ("pixels", tf.TensorSpec(shape, tf.uint8, "pixels"), "predict_pixels"),
              "predict_normalized": ("normalized", tf.TensorSpec(shape, tf.float32, "normalized"), "predict_normalized")}
-    return {name: OnnxSignature(sessions[onnx_name], key, spec, preprocessing, metadata["class_names"],
-                                metadata["top_k"])
+    return {name: OnnxSignature(sessions[onnx_name], key, spec, preprocessing, class_names, top_k)
             for name, (key, spec, onnx_name) in specs.items()}
+
+
+# onnxruntime's names of the input types export writes (`export.ONNX_INPUTS`).
+ONNX_TYPES = {tf.uint8: "tensor(uint8)", tf.float32: "tensor(float)"}
+
+
+def check_onnx_session(session, file, key, dtype, shape, classes):
+    """Raises a ValueError naming `file` where its model is not the signature's: another input
+    (the two files swapped), another image shape, or other outputs or classes (another model)."""
+    def dimensions(tensor):  # a named dynamic dimension ('unk__181', 'batch') as None
+        return [size if isinstance(size, int) else None for size in tensor.shape]
+
+    inputs, outputs = session.get_inputs(), {output.name: output for output in session.get_outputs()}
+    received = [(tensor.name, tensor.type, dimensions(tensor)) for tensor in inputs]
+    expected = [(key, ONNX_TYPES[dtype], list(shape))]
+    if received != expected:
+        raise ValueError(f"The ONNX model {file} takes {received}, where its signature takes {expected}: the file "
+                         "belongs to another signature or model. Export the model again.")
+    logits = outputs.get("logits")
+    if sorted(outputs) != sorted(export.ONNX_OUTPUTS) or logits is None or logits.shape[-1] != classes:
+        found = {name: dimensions(outputs[name]) for name in sorted(outputs)}
+        raise ValueError(f"The ONNX model {file} answers {found}, where metadata.json's {classes} classes need "
+                         f"{list(export.ONNX_OUTPUTS)} with {classes} logits: the file belongs to another model. "
+                         "Export the model again.")
 
 
 def concatenated(requests):
@@ -345,33 +464,49 @@ def binary(value, key, index):
                      f"Received: {json.dumps(value)[:80]}")
 
 
-def image_pixels(images, key):
-    """The pixels the encoded `images` decode to, read from their headers (Pillow reads a
-    header without decoding the image); a BadRequest for files that are not JPEG, PNG, GIF
-    or BMP, for an image over MAX_IMAGE_PIXELS and for a request over MAX_REQUEST_PIXELS."""
-    total = 0
+def checked_images(images, key):
+    """The encoded `images` as the network decodes them, and their pixels, read from their
+    headers (Pillow reads a header without decoding the image): a BadRequest for files that
+    are not JPEG, PNG, GIF or BMP, for an image over MAX_IMAGE_PIXELS and for a request over
+    MAX_REQUEST_PIXELS. A GIF (`FIRST_FRAME_ONLY`) is replaced by its first frame as PNG,
+    decoded here once its size is known to fit, so that no later frame is ever decoded."""
+    total, checked = 0, []
     for index, encoded in enumerate(images):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # refused below, by our own bound
                 with Image.open(io.BytesIO(encoded), formats=IMAGE_FORMATS) as image:
                     width, height = image.size
+                    if width * height <= MAX_IMAGE_PIXELS and image.format in FIRST_FRAME_ONLY:
+                        encoded = first_frame_png(image)
         except Image.DecompressionBombError as error:  # over 179 million pixels: refused by Pillow itself
             raise BadRequest(f"Instance {index} of {key!r} is too large: {error}", 413) from None
         except Image.UnidentifiedImageError:
             raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): Unknown image file "
                              "format") from None
-        except (OSError, ValueError, SyntaxError) as error:  # a header Pillow cannot read
+        except (OSError, ValueError, SyntaxError, EOFError) as error:  # a header or frame Pillow cannot read
             raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): "
-                             f"{str(error).splitlines()[0][:120]}") from None
+                             f"{(str(error).splitlines() or [type(error).__name__])[0][:120]}") from None
         if width * height > MAX_IMAGE_PIXELS:
             raise BadRequest(f"Instance {index} of {key!r} is too large: {width} x {height} pixels; this server "
                              f"decodes at most {MAX_IMAGE_PIXELS:,} pixels an image.", 413)
         total += width * height
+        checked.append(encoded)
     if total > MAX_REQUEST_PIXELS:
         raise BadRequest(f"The request's images are too large together: {total:,} pixels; this server decodes "
                          f"at most {MAX_REQUEST_PIXELS:,} pixels a request.", 413)
-    return total
+    return checked, total
+
+
+def first_frame_png(image):
+    """The first frame of an opened GIF as PNG bytes, with TensorFlow's GIF decoder's pixels:
+    RGB from the palette, transparent pixels black (0, 0, 0)."""
+    image.seek(0)
+    rgba = np.asarray(image.convert("RGBA"))
+    rgb = np.where(rgba[..., 3:] > 0, rgba[..., :3], 0).astype(np.uint8)
+    encoded = io.BytesIO()
+    Image.fromarray(rgb, "RGB").save(encoded, format="PNG", compress_level=1)
+    return encoded.getvalue()
 
 
 def undecodable(images):
@@ -432,30 +567,43 @@ class Batcher:
         return await future
 
     def dispatch(self):
+        """Starts a call on every idle thread while requests wait. Where assembling a batch
+        fails, the first waiting request runs alone: a request that cannot be run is
+        answered with its error (a 500) by `run`, and every slot comes back."""
         while self.waiting and self.idle_threads:
+            try:
+                batch = self.next_batch()
+            except Exception:  # noqa: BLE001  (nothing left the queue: no request or slot is lost)
+                batch = [self.waiting.popleft()]
             self.idle_threads -= 1
-            task = asyncio.ensure_future(self.run(self.next_batch()))
+            task = asyncio.ensure_future(self.run(batch))
             self.running.add(task)
             task.add_done_callback(self.running.discard)
 
     def next_batch(self):
-        batch = [self.waiting.popleft()]
-        if not self.batching:
-            return batch
-        instances, pixels = len(batch[0][0]), batch[0][0].pixels
-        for waiting in list(self.waiting):
-            parsed = waiting[0]
-            if (parsed.signature == batch[0][0].signature and instances + len(parsed) <= self.model.max_batch
-                    and pixels + parsed.pixels <= MAX_REQUEST_PIXELS):
-                self.waiting.remove(waiting)
-                batch.append(waiting)
-                instances, pixels = instances + len(parsed), pixels + parsed.pixels
-        return batch
+        """The first waiting request and, with batching, every later one of its signature that
+        fits within max_batch instances and MAX_REQUEST_PIXELS. Chosen by position before the
+        queue changes: if choosing fails, nothing has left the queue."""
+        waiting = list(self.waiting)
+        chosen = [0]
+        if self.batching:
+            first = waiting[0][0]
+            instances, pixels = len(first), first.pixels
+            for index, (parsed, _) in enumerate(waiting[1:], start=1):
+                if (parsed.signature == first.signature and instances + len(parsed) <= self.model.max_batch
+                        and pixels + parsed.pixels <= MAX_REQUEST_PIXELS):
+                    chosen.append(index)
+                    instances, pixels = instances + len(parsed), pixels + parsed.pixels
+        taken = set(chosen)
+        self.waiting = collections.deque(entry for index, entry in enumerate(waiting) if index not in taken)
+        return [waiting[index] for index in chosen]
 
     async def run(self, batch):
         try:
             results = await asyncio.get_running_loop().run_in_executor(
                 self.pool, self.model.infer, [parsed for parsed, _ in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"The network answered {len(results)} of the batch's {len(batch)} requests.")
             for (_, future), result in zip(batch, results):
                 if not future.done():
                     future.set_result(result)
@@ -486,6 +634,7 @@ class Application:
     def __init__(self, model, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True):
         self.model, self.max_in_flight = model, max_in_flight
         self.batcher = Batcher(model, batching=batching)
+        self.parsing = concurrent.futures.ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="parse")
         self.in_flight = 0
 
     async def __call__(self, scope, receive, send):
@@ -506,7 +655,7 @@ class Application:
             return
         except Exception as error:  # noqa: BLE001  (the server keeps serving whatever one request does)
             status, response = 500, {"error": f"{type(error).__name__}: {first_line(error)}"}
-        if not request["body_read"] or status in (414, 431):
+        if not request["body_read"] or status in (414, 431, 505):
             # Unread bytes are never read as a request, and a client that sends heads past
             # the bound is not heard again.
             headers.append((b"connection", b"close"))
@@ -522,6 +671,12 @@ class Application:
             raise BadRequest(f"The request line is too long: at most {MAX_HEAD_BYTES} bytes.", 414)
         if sum(len(name) + len(value) + 4 for name, value in scope["headers"]) > MAX_HEAD_BYTES:
             raise BadRequest(f"The request's headers are too large: at most {MAX_HEAD_BYTES} bytes.", 431)
+        if scope["http_version"] not in ("1.0", "1.1"):
+            raise BadRequest(f"HTTP/{scope['http_version'][:10]} is not supported: this server speaks HTTP/1.1.", 505)
+        if {b"content-length", b"transfer-encoding"} <= {name for name, _ in scope["headers"]}:
+            # RFC 9112, section 6.1: a request framed both ways may be a smuggling attempt;
+            # it is refused, and its connection closed (its body is never read).
+            raise BadRequest("The request has both Content-Length and Transfer-Encoding: send one of them.")
         route = ROUTE.match(scope["path"])
         model = self.model
         if not route or route["name"] != model.name:
@@ -546,9 +701,10 @@ class Application:
         self.in_flight += 1
         try:
             loop = asyncio.get_running_loop()
-            parsed = await loop.run_in_executor(None, model.parse, body)  # JSON of up to 64 MiB: off the loop
+            parsed = await loop.run_in_executor(self.parsing, model.parse, body)  # up to 64 MiB: off the loop
+            del body
             outputs = await self.batcher.infer(parsed)
-            return await loop.run_in_executor(None, model.respond, parsed, outputs)
+            return await loop.run_in_executor(self.parsing, model.respond, parsed, outputs)
         finally:
             self.in_flight -= 1
 
@@ -616,6 +772,14 @@ class Protocol(H11Protocol):
         super().on_response_complete()
         self.start_deadline()
 
+    def eof_received(self):
+        """A client that half-closes after a whole request is answered, then closed; one that
+        half-closes in the middle of a request has left (asyncio then closes the transport)."""
+        if self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.DONE:
+            self.cycle.keep_alive = False
+            return True
+        return None
+
     def start_deadline(self):
         if self.deadline is not None:
             self.deadline.cancel()
@@ -659,10 +823,25 @@ def serve(directory, host="127.0.0.1", port=DEFAULT_PORT, max_batch=DEFAULT_MAX_
     if not isinstance(request_timeout, (int, float)) or not 0 < request_timeout < float("inf"):
         raise ValueError(f"request_timeout must be a positive number of seconds. "
                          f"Received: request_timeout={request_timeout!r}")
-    if runtime == "auto":
-        runtime = "onnxruntime" if onnx_servable(directory) else "tensorflow"
-    model = ModelServer(directory, max_batch, runtime)
-    listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    model = auto_model(directory, max_batch) if runtime == "auto" else ModelServer(directory, max_batch, runtime)
+    listening = listening_socket(host, port)  # clients queue from here on, while uvicorn starts
+    config = uvicorn.Config(
+        Application(model, max_in_flight, batching), http=functools.partial(Protocol, request_timeout=request_timeout),
+        backlog=LISTEN_BACKLOG, timeout_keep_alive=KEEP_ALIVE_SECONDS, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        lifespan="off", loop="asyncio", proxy_headers=False, server_header=False,
+        log_level="info" if verbose else "error", access_log=verbose, timeout_graceful_shutdown=5)
+    print(f"Serving {model.name} version {model.version} ({model.path}, {model.runtime}) at "
+          f"http://{host}:{listening.getsockname()[1]}/v1/models/{model.name}", flush=True)
+    uvicorn.Server(config).run(sockets=[listening])
+
+
+def listening_socket(host, port):
+    """A TCP socket listening on host:port with LISTEN_BACKLOG. Created with IPPROTO_TCP:
+    asyncio sets TCP_NODELAY on the connections it accepts only from a socket whose
+    protocol says TCP, and without it Nagle's algorithm holds every kept-alive response
+    after the first for a delayed ACK (about 40 ms)."""
+    listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
+                              socket.IPPROTO_TCP)
     listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listening.bind((host, port))
@@ -670,15 +849,21 @@ def serve(directory, host="127.0.0.1", port=DEFAULT_PORT, max_batch=DEFAULT_MAX_
         listening.close()
         raise ValueError(f"Cannot listen on {host}:{port}: {error.strerror or error} (is another server using "
                          f"the port? choose another with --port). Received: port={port}") from error
-    listening.listen(LISTEN_BACKLOG)  # clients queue from here on, while uvicorn starts
-    config = uvicorn.Config(
-        Application(model, max_in_flight, batching), http=functools.partial(Protocol, request_timeout=request_timeout),
-        backlog=LISTEN_BACKLOG, timeout_keep_alive=KEEP_ALIVE_SECONDS, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
-        lifespan="off", loop="asyncio", proxy_headers=False, server_header=False,
-        log_level="info" if verbose else "error", access_log=verbose, timeout_graceful_shutdown=5)
-    print(f"Serving {model.name} version {model.version} ({model.path}, {runtime}) at "
-          f"http://{host}:{listening.getsockname()[1]}/v1/models/{model.name}", flush=True)
-    uvicorn.Server(config).run(sockets=[listening])
+    listening.listen(LISTEN_BACKLOG)
+    return listening
+
+
+def auto_model(directory, max_batch=DEFAULT_MAX_BATCH):
+    """The ModelServer of `runtime="auto"`: onnxruntime where the highest version has ONNX
+    models and onnxruntime is installed; TensorFlow otherwise, and (with a warning that
+    says why) where the ONNX models cannot be served."""
+    if onnx_servable(directory):
+        try:
+            return ModelServer(directory, max_batch, "onnxruntime")
+        except (ValueError, FileNotFoundError, ImportError) as error:
+            print(f"warning: serving the SavedModel with TensorFlow instead of the ONNX models: {error}",
+                  file=sys.stderr, flush=True)
+    return ModelServer(directory, max_batch, "tensorflow")
 
 
 def onnx_servable(directory):

@@ -19,7 +19,7 @@ import numpy as np
 
 import keras_preact
 from keras_preact import pretrained
-from training import evaluate, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
+from training import evaluate, files, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
 # Published CIFAR-10 test errors (%) of each zoo network, for the zoo's table (shared/PAPER.md):
 # He et al. 2015 [1], Table 6 (original units, 64k iterations, the network's own row); this
@@ -100,8 +100,7 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
     if not os.path.isfile(summary_path):
         raise FileNotFoundError(f"run_dir must be a finished training run (with summary.json). "
                                 f"Received: run_dir={run_dir!r}")
-    with open(summary_path) as file:
-        summary = json.load(file)
+    summary = files.read_json(summary_path, "train the run again, or restore the file")
     config = summary["config"]
     problems = []
     if summary.get("evaluated_on", "test") != "test" or config.get("validation_examples") is not None:
@@ -148,8 +147,7 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
     )
     registry = {}
     if os.path.isfile(registry_file):
-        with open(registry_file) as file:
-            registry = json.load(file)
+        registry = files.read_json(registry_file, "restore it from the repository (git checkout)")
     registry.setdefault("cifar10", {})[name] = entry
     with open(registry_file, "w") as file:
         json.dump(registry, file, indent=2, sort_keys=True)

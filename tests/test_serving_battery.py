@@ -1,0 +1,577 @@
+"""The second hostile-input battery against `python -m training serve`: batching that never
+loses a request, TCP_NODELAY, animated and 1-channel images, large bodies, HTTP framing, and
+the files a server or a resumed run must not trust."""
+
+import asyncio
+import concurrent.futures
+import http.server
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+import keras_preact
+from keras_preact import pretrained
+from tests.test_export import CIFAR, calibrated, random_pixels
+from tests.test_serving import (PREDICT, Client, b64, export_resnet20, free_port, jpegs, raw_exchange, serve_command,
+                                start_server, stop_server)
+from training import client as query_client
+from training import export, serve
+
+pytestmark = pytest.mark.tensorflow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_BATCH = 64
+PATH = "/v1/models/cifar10_resnet20:predict"
+# Batched and single answers: float32 rounding of one call over another batch size.
+BATCHING_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A calibrated ResNet-20 in <tmp>/cifar10_resnet20/1, SavedModel and ONNX: its folder."""
+    return export_resnet20(tmp_path_factory, seed=5)[2]
+
+
+@pytest.fixture(scope="module", params=serve.RUNTIMES)
+def served(exported, request):
+    """`exported` served with each runtime, batching on, 64 instances a request at most."""
+    server, port = start_server(exported, "--max-batch", str(MAX_BATCH), "--runtime", request.param)
+    yield Client(f"http://127.0.0.1:{port}"), port, server
+    stop_server(server)
+
+
+# 1. Batching never loses a request or a slot ---------------------------------------------
+
+class BlockingModel:
+    """A stand-in for ModelServer whose first `blocked` calls wait for `release`."""
+
+    max_batch = MAX_BATCH
+
+    def __init__(self, blocked=2, answers=None):
+        self.release, self.calls, self.blocked = threading.Event(), [], blocked
+        self.answers = answers
+
+    def infer(self, requests):
+        self.calls.append([len(request) for request in requests])
+        if len(self.calls) <= self.blocked:
+            assert self.release.wait(timeout=60)
+        if self.answers is not None:
+            return self.answers(requests)
+        return [float(np.sum(request.values)) for request in requests]
+
+
+def run_batcher(model, requests, threads=2):
+    async def run():
+        batcher = serve.Batcher(model, threads=threads)
+        answers = [asyncio.ensure_future(batcher.infer(request)) for request in requests]
+        await asyncio.sleep(0.2)  # the first two run (blocked), the others wait
+        model.release.set()
+        results = await asyncio.wait_for(asyncio.gather(*answers, return_exceptions=True), timeout=60)
+        return results, batcher.idle_threads
+
+    return asyncio.run(run())
+
+
+def pixel_request(instances, value):
+    return serve.Parsed("predict_pixels", "pixels", np.full((instances, *CIFAR.shape), value, np.uint8), True)
+
+
+def test_waiting_pixel_requests_are_batched_and_all_answered():
+    """The battery's reproduction: both threads busy, then pixel requests of 60, 10 and 1
+    instances wait (NumPy arrays, which `deque.remove` compared and failed on): the next call
+    takes 60 and 1 (60 + 10 > 64), the one after it 10; every one is answered, both threads
+    come back."""
+    model = BlockingModel()
+    requests = [pixel_request(1, 1), pixel_request(1, 2), pixel_request(60, 3), pixel_request(10, 4),
+                pixel_request(1, 5)]
+    results, idle = run_batcher(model, requests)
+    assert results == [float(np.sum(request.values)) for request in requests]
+    assert model.calls == [[1], [1], [60, 1], [10]] and idle == 2
+
+
+class Unmeasurable(serve.Parsed):
+    """A request whose size cannot be read: batch assembly fails on it."""
+
+    def __len__(self):
+        raise RuntimeError("no size")
+
+
+def test_a_failure_while_assembling_a_batch_answers_that_request_and_frees_the_slot():
+    model = BlockingModel()
+    bad = Unmeasurable("predict_pixels", "pixels", np.zeros((1, *CIFAR.shape), np.uint8), True)
+    requests = [pixel_request(1, 1), pixel_request(1, 2), pixel_request(2, 3), bad, pixel_request(3, 4)]
+    results, idle = run_batcher(model, requests)
+    assert results[:3] == [float(np.sum(request.values)) for request in requests[:3]]
+    assert isinstance(results[3], RuntimeError) and str(results[3]) == "no size"
+    assert results[4] == float(np.sum(requests[4].values)) and idle == 2
+
+
+def test_a_network_that_answers_too_few_requests_fails_the_batch_and_frees_the_slot():
+    model = BlockingModel(answers=lambda requests: ["one answer"])
+    results, idle = run_batcher(model, [pixel_request(1, 1), pixel_request(1, 2), pixel_request(2, 3),
+                                        pixel_request(2, 4)])
+    assert results[:2] == ["one answer", "one answer"]
+    assert all(isinstance(result, RuntimeError) and "answered 1 of the batch's 2 requests" in str(result)
+               for result in results[2:]) and idle == 2
+
+
+def soak_pool(count=24):
+    """`count` images in each signature's form: JPEG bytes, their decoded pixels, normalised."""
+    encoded = jpegs(random_pixels(count, CIFAR, seed=11))
+    pixels = np.stack([tf.io.decode_jpeg(image).numpy() for image in encoded])
+    normalized = (pixels - np.array(CIFAR.normalization_mean)) / np.array(CIFAR.normalization_std)
+    return {"serving_default": [b64(image) for image in encoded], "predict_pixels": pixels.tolist(),
+            "predict_normalized": normalized.astype(np.float32).tolist()}
+
+
+def invalid_instance(signature):
+    return {"serving_default": b64(b"\xff\xd8\xff not a whole JPEG"),
+            "predict_pixels": np.full(CIFAR.shape, 300).tolist(),
+            "predict_normalized": np.zeros((16, 32, 3)).tolist()}[signature]
+
+
+def soak(client, clients, requests_per_client):
+    """`clients` clients at once, each sending `requests_per_client` requests of 1-60
+    instances in all three signatures, one in seven with an invalid instance. Returns the
+    statuses, and the largest difference of a batched answer from the single answer."""
+    pool, signatures = soak_pool(), list(export.SIGNATURES)
+    single = {}
+    for signature in signatures:
+        for row, instance in enumerate(pool[signature]):
+            status, answer = client.post(PATH, {"signature_name": signature, "instances": [instance]})
+            assert status == 200, answer
+            single[signature, row] = np.array(answer["predictions"][0]["probabilities"])
+
+    def worker(index):
+        rng = np.random.default_rng(index)
+        statuses, largest = [], 0.0
+        for request in range(requests_per_client):
+            signature = signatures[(index + request) % 3]
+            rows = rng.integers(0, len(pool[signature]), size=int(rng.integers(1, 61)))
+            instances = [pool[signature][row] for row in rows]
+            invalid = (index * requests_per_client + request) % 7 == 3
+            if invalid:
+                instances[len(instances) // 2] = invalid_instance(signature)
+            status, answer = client.post(PATH, {"signature_name": signature, "instances": instances})
+            statuses.append(status)
+            if invalid:
+                assert status == 400 and sorted(answer) == ["error"], (status, answer)
+                continue
+            assert status == 200, answer
+            for row, prediction in zip(rows, answer["predictions"], strict=True):
+                largest = max(largest, float(np.abs(np.array(prediction["probabilities"])
+                                                    - single[signature, row]).max()))
+        return statuses, largest
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as threads:
+        results = list(threads.map(worker, range(clients)))
+    return [status for statuses, _ in results for status in statuses], max(largest for _, largest in results)
+
+
+def test_mixed_signatures_under_load_every_answer_equal_to_the_single_one(served):
+    """16 clients x 12 mixed requests with batching on (the full soak, 64 x 100, is marked
+    slow): nothing hangs (each request has 120 s), every good answer equals the answer to
+    its instance alone within 1e-5, every bad one is a 400, and the server still serves."""
+    client, _, _ = served
+    statuses, largest = soak(client, clients=16, requests_per_client=12)
+    assert len(statuses) == 16 * 12 and set(statuses) == {200, 400}
+    assert largest <= BATCHING_TOLERANCE, largest
+    assert client.get("/v1/models/cifar10_resnet20")[0] == 200
+
+
+@pytest.mark.slow
+def test_soak_64_clients_x_100_mixed_requests(served):
+    client, _, _ = served
+    statuses, largest = soak(client, clients=64, requests_per_client=100)
+    print(f"soak: {len(statuses)} requests, {statuses.count(400)} refused, largest difference {largest:.3g}")
+    assert len(statuses) == 6400 and set(statuses) == {200, 400} and largest <= BATCHING_TOLERANCE
+
+
+# 2. TCP_NODELAY -------------------------------------------------------------------------
+
+def test_accepted_connections_have_tcp_nodelay():
+    """The server's listening socket says TCP, so asyncio sets TCP_NODELAY on every
+    connection it accepts (no 40 ms wait for a delayed ACK on kept-alive responses)."""
+    listening = serve.listening_socket("127.0.0.1", 0)
+    assert listening.proto == socket.IPPROTO_TCP
+
+    async def accepted_option():
+        options = []
+
+        def accepted(reader, writer):
+            options.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(accepted, sock=listening)
+        _, writer = await asyncio.open_connection("127.0.0.1", listening.getsockname()[1])
+        for _ in range(100):
+            if options:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+        server.close()
+        return options
+
+    assert asyncio.run(accepted_option()) == [1]
+
+
+def test_kept_alive_requests_are_answered_on_one_connection(served):
+    client, port, _ = served
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+        for _ in range(20):
+            connection.sendall(b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\nHost: x\r\n\r\n")
+            received = b""
+            while not received.endswith(b"}]}"):
+                received += connection.recv(65536)
+            assert received.startswith(b"HTTP/1.1 200 ")
+
+
+# 3. Animated GIFs and every format for 1- and 3-channel models ---------------------------
+
+def gif_parts(encoded):
+    """(head: header, screen descriptor and global colour table; the blocks after it, less the
+    trailer) of a GIF file."""
+    flags = encoded[10]
+    position = 13 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)
+    head, start = encoded[:position], position
+    while encoded[position] != 0x3B:
+        if encoded[position] == 0x21:  # an extension: its label, then data blocks
+            position += 2
+        else:  # an image descriptor, its local colour table, the LZW code size, then data blocks
+            local = encoded[position + 9]
+            position += 10 + (3 * 2 ** ((local & 7) + 1) if local & 0x80 else 0) + 1
+        while encoded[position]:
+            position += encoded[position] + 1
+        position += 1
+    return head, encoded[start:position]
+
+
+def animated_gif_bomb(first=64, later=4096, frames=16):
+    """The battery's GIF: a first frame of first x first pixels on a screen of that size, then
+    `frames` frames of later x later pixels (about 13 KB each: one grey)."""
+    small, large = io.BytesIO(), io.BytesIO()
+    Image.new("L", (first, first), 128).save(small, format="GIF")
+    Image.new("L", (later, later), 128).save(large, format="GIF")
+    head, block = gif_parts(small.getvalue())
+    return head + block + gif_parts(large.getvalue())[1] * frames + b";"
+
+
+def encoded_image(array, image_format):
+    encoded = io.BytesIO()
+    Image.fromarray(array).save(encoded, format=image_format)
+    return encoded.getvalue()
+
+
+def test_an_animated_gif_is_decoded_to_its_first_frame_only(served):
+    """Eight GIFs of a 64 x 64 frame and 16 frames of 4096 x 4096 in one request: the later
+    frames are never decoded (TensorFlow's decoder would decode them all, 1.6 s each); the
+    answer is the first frame's, as a PNG of it is answered."""
+    client, _, _ = served
+    bomb = animated_gif_bomb()
+    assert tf.io.decode_image(animated_gif_bomb(frames=1), expand_animations=False).shape == (4096, 4096, 3)
+    status, answer = client.post(PATH, {"instances": [b64(bomb)] * 8})
+    assert status == 200, answer
+    first_frame = encoded_image(np.full((64, 64, 3), 128, np.uint8), "PNG")
+    status, expected = client.post(PATH, {"instances": [b64(first_frame)]})
+    for prediction in answer["predictions"]:
+        np.testing.assert_allclose(prediction["probabilities"], expected["predictions"][0]["probabilities"],
+                                   atol=BATCHING_TOLERANCE)
+
+
+def test_a_gif_is_answered_as_the_saved_model_decodes_it(served, exported):
+    """The server's first-frame PNG of a GIF (palette, transparency) against the
+    SavedModel's own GIF decoding: the same probabilities."""
+    client, _, _ = served
+    pixels = random_pixels(2, CIFAR, seed=9)
+    gifs = []
+    for image in pixels:
+        palette = Image.fromarray(image).quantize(64)
+        encoded = io.BytesIO()
+        palette.save(encoded, format="GIF", transparency=0)
+        gifs.append(encoded.getvalue())
+    status, answer = client.post(PATH, {"instances": [b64(gif) for gif in gifs]})
+    assert status == 200, answer
+    expected = export.predict_encoded(str(exported / "1"), gifs)["probabilities"]
+    for prediction, probabilities in zip(answer["predictions"], expected, strict=True):
+        np.testing.assert_allclose(prediction["probabilities"], probabilities, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def grey_model(tmp_path_factory):
+    """A calibrated 1-channel ResNet-20 of 16 x 16 images, SavedModel and ONNX."""
+    grey = export.Preprocessing(16, 1, (120.0,), (60.0,))
+    pixels = random_pixels(8, grey, seed=2)
+    network = calibrated(keras_preact.ResNet20(input_shape=grey.shape, classes=3), grey, pixels)
+    directory = tmp_path_factory.mktemp("grey") / "grey_resnet20"
+    export.export_saved_model(network, str(directory), ["a", "b", "c"], grey, formats=("saved_model", "onnx"),
+                              verbose=False)
+    return directory, grey
+
+
+@pytest.mark.parametrize("runtime", serve.RUNTIMES)
+def test_every_format_works_for_1_and_3_channel_models(grey_model, exported, runtime):
+    """JPEG, PNG, GIF and BMP, grey and RGB (and RGBA where the format has it), answered by a
+    1-channel and a 3-channel model; the lossless grey ones exactly as their pixels are."""
+    rng = np.random.default_rng(4)
+    for directory, channels, size in [(grey_model[0], 1, 16), (exported, 3, 32)]:
+        model = serve.ModelServer(str(directory), runtime=runtime)
+        grey = rng.integers(0, 256, (size, size), dtype=np.uint8)
+        colour = rng.integers(0, 256, (size, size, 4), dtype=np.uint8)
+        for image_format in ("JPEG", "PNG", "GIF", "BMP"):
+            images = [grey, colour[..., :3]] + ([colour] if image_format in ("PNG", "BMP") else [])
+            body = json.dumps({"instances": [b64(encoded_image(image, image_format)) for image in images]})
+            predictions = model.predict(body.encode())["predictions"]
+            assert len(predictions) == len(images), (channels, image_format)
+            if image_format in ("PNG", "BMP", "GIF"):
+                pixels = grey[None, :, :, None].repeat(channels, axis=-1)
+                expected = model.predict(json.dumps({"signature_name": "predict_pixels",
+                                                     "instances": pixels.tolist()}).encode())["predictions"][0]
+                np.testing.assert_allclose(predictions[0]["probabilities"], expected["probabilities"], atol=1e-5)
+
+
+# 4. Large JSON bodies ---------------------------------------------------------------------
+
+def peak_megabytes(process):
+    with open(f"/proc/{process.pid}/status") as status:
+        return int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) / 1024
+
+
+def test_a_body_of_millions_of_values_is_refused_before_it_is_parsed(served):
+    """The battery's 57 MB body of 15 million floats, four at once: each refused with a 413
+    from a count of its separators, before JSON makes a Python float of it; the server's
+    peak memory grows by a few times the bodies' size at most (parsed, they took 733 MB
+    each), and it still serves."""
+    client, _, server = served
+    body = b'{"signature_name": "predict_normalized", "instances": [' + b"0.1," * 14_250_000 + b"0.1]}"
+    status, answer = client.post(PATH, b"{}")
+    before = peak_megabytes(server)
+    with concurrent.futures.ThreadPoolExecutor(4) as threads:
+        answers = list(threads.map(lambda _: client.post(PATH, body), range(4)))
+    for status, answer in answers:
+        assert status == 413 and answer["error"].startswith("The request holds too many values: "), answer
+        assert answer["error"].endswith(f"where {MAX_BATCH} instances (--max-batch) of this model's largest input "
+                                        f"hold at most {MAX_BATCH * (32 * 32 * 3 + 32 * 32 + 32) + 16:,}.")
+    assert peak_megabytes(server) - before < 4 * 3 * 57, (before, peak_megabytes(server))
+    status, answer = client.post(PATH, {"instances": [b64(jpegs(random_pixels(1, CIFAR))[0])]})
+    assert status == 200
+
+
+# 5. HTTP framing ---------------------------------------------------------------------------
+
+SMUGGLED = b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_content_length_with_chunked_is_refused_and_closed(served):
+    """RFC 9112, section 6.1: a request with both framings is answered once and its
+    connection closed; the request pipelined after it is never answered."""
+    _, port, _ = served
+    body = b'{"instances": []}'
+    request = (PREDICT + b"Host: x\r\nContent-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+               % (len(body), len(body), body))
+    received = raw_exchange(port, request + SMUGGLED)
+    assert received.startswith(b"HTTP/1.1 400 ") and received.count(b"HTTP/1.1 ") == 1, received[:300]
+    head, answer = received.split(b"\r\n\r\n", 1)
+    assert b"connection: close" in head.lower()
+    assert json.loads(answer) == {"error": "The request has both Content-Length and Transfer-Encoding: send one of "
+                                           "them."}
+
+
+def test_a_whole_request_followed_by_a_half_close_is_answered(served):
+    _, port, _ = served
+    body = json.dumps({"instances": [b64(jpegs(random_pixels(1, CIFAR))[0])]}).encode()
+    for request in (PREDICT + b"Host: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body), SMUGGLED):
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as connection:
+            connection.sendall(request)
+            connection.shutdown(socket.SHUT_WR)
+            received = b""
+            while chunk := connection.recv(65536):
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 200 "), received[:300]
+        assert received.count(b"HTTP/1.1 ") == 1
+
+
+def test_an_http_version_other_than_1_is_a_505(served):
+    _, port, _ = served
+    received = raw_exchange(port, b"GET /v1/models/cifar10_resnet20 HTTP/2.0\r\nHost: x\r\n\r\n" + SMUGGLED)
+    assert received.startswith(b"HTTP/1.1 505 ") and received.count(b"HTTP/1.1 ") == 1, received[:300]
+    assert json.loads(received.split(b"\r\n\r\n", 1)[1]) == {
+        "error": "HTTP/2.0 is not supported: this server speaks HTTP/1.1."}
+
+
+# 6. The ONNX models are checked at start -----------------------------------------------------
+
+def damaged_copy(exported, tmp_path, change):
+    directory = tmp_path / "cifar10_resnet20"
+    shutil.copytree(exported, directory)
+    change(directory / "1")
+    return directory
+
+
+def edit_metadata(edit):
+    def change(version):
+        metadata = json.loads((version / "metadata.json").read_text())
+        edit(metadata)
+        (version / "metadata.json").write_text(json.dumps(metadata))
+    return change
+
+
+def swap_onnx_files(version):
+    pixels, normalized = (version / "onnx" / f"{name}.onnx" for name in ("predict_pixels", "predict_normalized"))
+    content = pixels.read_bytes()
+    pixels.write_bytes(normalized.read_bytes())
+    normalized.write_bytes(content)
+
+
+ONNX = "{version}/onnx/predict_pixels.onnx"
+
+
+@pytest.mark.parametrize("change, message", [
+    (edit_metadata(lambda metadata: metadata.update(class_names=["a", "b", "c"])),
+     "The ONNX model {version}/onnx/predict_pixels.onnx answers {{'class_ids': [None], 'logits': [None, 10], "
+     "'probabilities': [None, 10]}}, where metadata.json's 3 classes need ['logits', 'probabilities', 'class_ids'] with 3 "
+     "logits: the file belongs to another model. Export the model again."),
+    (edit_metadata(lambda metadata: metadata.pop("class_names")),
+     "{version}/metadata.json does not describe the ONNX models (KeyError: 'class_names'): export the model again "
+     "with --format onnx (or all)."),
+    (lambda version: (version / "onnx" / "predict_pixels.onnx").write_bytes(b""),
+     f"The ONNX model {ONNX} is not the one exported with {{version}}/metadata.json: its SHA-256 differs from the "
+     "recorded"),
+    (lambda version: (version / "onnx" / "predict_pixels.onnx").unlink(),
+     f"Could not load the ONNX model {ONNX} (missing, empty, truncated or corrupt: export it again): "),
+    (swap_onnx_files, f"The ONNX model {ONNX} is not the one exported with {{version}}/metadata.json: its SHA-256 "),
+    (lambda version: (swap_onnx_files(version), edit_metadata(lambda metadata: metadata["onnx"].pop("sha256"))(version)),
+     f"The ONNX model {ONNX} takes [('normalized', 'tensor(float)', [None, 32, 32, 3])], where its signature takes "
+     "[('pixels', 'tensor(uint8)', [None, 32, 32, 3])]: the file belongs to another signature or model."),
+    (lambda version: (edit_metadata(lambda metadata: metadata["onnx"].pop("sha256"))(version),
+                      (version / "onnx" / "predict_pixels.onnx").write_bytes(
+                          (version / "onnx" / "predict_pixels.onnx").read_bytes()[:5000])),
+     f"Could not load the ONNX model {ONNX} (missing, empty, truncated or corrupt: export it again): "),
+], ids=["3 class names for 10 outputs", "no class names", "empty file", "missing file", "files swapped",
+        "files swapped, no hashes", "truncated, no hashes"])
+def test_onnx_files_are_checked_at_start(exported, tmp_path, change, message):
+    directory = damaged_copy(exported, tmp_path, change)
+    with pytest.raises(ValueError) as error:
+        serve.ModelServer(str(directory), runtime="onnxruntime")
+    assert str(error.value).startswith(message.format(version=directory / "1")), str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_the_onnx_hashes_are_recorded_at_export(exported):
+    metadata = export.read_metadata(str(exported / "1"))
+    for signature, file in metadata["onnx"]["files"].items():
+        assert metadata["onnx"]["sha256"][signature] == pretrained.sha256(str(exported / "1" / file))
+
+
+def test_the_tensorflow_runtime_checks_the_class_names_too(exported, tmp_path):
+    directory = damaged_copy(exported, tmp_path, edit_metadata(lambda metadata: metadata.update(class_names=["a"])))
+    with pytest.raises(ValueError, match=r"metadata.json names 1 classes, but the signature '\w+' has 10 logits"):
+        serve.ModelServer(str(directory), runtime="tensorflow")
+
+
+def test_a_bad_start_is_one_line_and_auto_falls_back_to_the_saved_model(exported, tmp_path):
+    directory = damaged_copy(exported, tmp_path, lambda version: (version / "onnx" / "predict_pixels.onnx")
+                             .write_bytes(b"truncated"))
+    result = serve_command(str(directory), "--port", str(free_port()), "--runtime", "onnxruntime")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and str(directory / "1" / "onnx" / "predict_pixels.onnx") in errors[0]
+
+    server, port = start_server(directory, "--runtime", "auto")
+    try:
+        status, answer = Client(f"http://127.0.0.1:{port}").post(PATH, {"instances": [b64(jpegs(random_pixels(
+            1, CIFAR))[0])]})
+        assert status == 200
+    finally:
+        stop_server(server)
+    warning = server.stderr.read()
+    assert "warning: serving the SavedModel with TensorFlow instead of the ONNX models: The ONNX model " in warning
+
+
+# 7. Other files and folders --------------------------------------------------------------------
+
+def test_a_folder_name_no_url_reaches_is_refused(exported, tmp_path):
+    directory = tmp_path / "a:b"
+    shutil.copytree(exported, directory)
+    with pytest.raises(ValueError, match=r"^The model folder's name 'a:b' cannot be served: .* Rename the folder"):
+        serve.ModelServer(str(directory))
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "is not valid JSON"),
+    ('{"cifar10": {"resnet20": {"file": "x.weights.h5"}}}', "is damaged: its entry cifar10.resnet20 lacks sha256, "
+                                                            "test_error"),
+    ('{"cifar10": ["resnet20"]}', "is damaged: its entry cifar10 lacks file, sha256, test_error"),
+    ("[1, 2]", "must map data sets to networks"),
+], ids=["not JSON", "entry without fields", "not a mapping of networks", "a list"])
+def test_a_malformed_registry_is_an_error_that_names_it(tmp_path, content, message):
+    path = tmp_path / "registry.json"
+    path.write_text(content)
+    with pytest.raises(ValueError) as error:
+        pretrained.registry(str(path))
+    assert str(error.value).startswith(f"The weights registry {path} ") and message in str(error.value)
+    assert "reinstall keras-preact, or restore the file" in str(error.value)
+
+
+def test_corrupt_metadata_and_summary_name_their_path(exported, tmp_path):
+    directory = damaged_copy(exported, tmp_path, lambda version: (version / "metadata.json").write_text('{"name'))
+    with pytest.raises(ValueError, match=rf"^{directory / '1' / 'metadata.json'} is not valid JSON \(truncated or "
+                                         r"corrupt: .*\): export the model again."):
+        serve.ModelServer(str(directory))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model.keras").write_bytes(b"")
+    (run / "summary.json").write_text("[]")
+    with pytest.raises(ValueError, match=rf"^{run / 'summary.json'} must hold a JSON object. Received: list. Train"):
+        export.export_run(str(run))
+
+
+def cli(*arguments):
+    return subprocess.run([sys.executable, "-m", "training", *arguments], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow"))
+
+
+def test_an_output_or_run_folder_under_a_regular_file_is_a_clear_error(tmp_path):
+    blocking = tmp_path / "a_file"
+    blocking.write_text("")
+    result = cli("export", "--model", "resnet20", "--weights", "cifar10", "--output", str(blocking / "models"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert (f"error: Cannot make the model folder {blocking / 'models' / 'cifar10_resnet20'}: {blocking} is a file, "
+            "not a folder.") in result.stderr
+    result = cli("train", "--run-dir", str(blocking / "run"), "--set", "duration=1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"error: Cannot make the run folder {blocking / 'run'}: {blocking} is a file, not a folder." in result.stderr
+
+
+class NotJson(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802  (http.server's name)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<html>a web page</html>")
+
+    def log_message(self, *arguments):
+        pass
+
+
+def test_query_against_a_server_that_does_not_answer_json(tmp_path):
+    image = tmp_path / "image.jpg"
+    image.write_bytes(jpegs(random_pixels(1, CIFAR))[0])
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotJson) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(ValueError) as error:
+            query_client.query(url, "m", [str(image)])
+        server.shutdown()
+    assert str(error.value) == (f"{url}/v1/models/m:predict answered 200 with a body that is not a JSON object, so it "
+                                "is not TF Serving's REST API (is --server right?). Received: '<html>a web page</html>'")

@@ -80,6 +80,8 @@ UNDECODABLE = "Could not decode the image bytes (JPEG, PNG, GIF or BMP expected)
 # Top-level fields besides the instances' values that a request may add to the count of
 # values (`ModelServer.max_separators`).
 REQUEST_FIELDS_SLACK = 16
+# Bytes of a body counted at a time (`count_separators`).
+COUNT_SLICE = 2**20
 # Threads that parse request bodies (JSON, base64, image headers), off the event loop: at
 # most this many bodies are materialised at once.
 PARSE_THREADS = 2
@@ -194,7 +196,7 @@ class ModelServer:
             BadRequest: for malformed JSON, an unknown signature, a missing, mistyped or
                 misshapen input, too large a batch, or images too large or not images.
         """
-        separators = body.count(b",")  # bytes.count: a 57 MB body in about 30 ms, nothing built
+        separators = count_separators(body, self.max_separators)
         if separators > self.max_separators:
             raise BadRequest(f"The request holds too many values: {separators + 1:,} or more, where {self.max_batch} "
                              f"instances (--max-batch) of this model's largest input hold at most "
@@ -462,6 +464,18 @@ def binary(value, key, index):
         return value.encode()
     raise BadRequest(f"Instance {index} of {key!r} must be {{\"b64\": \"<base64 of the image file>\"}}. "
                      f"Received: {json.dumps(value)[:80]}")
+
+
+def count_separators(body, limit):
+    """The commas of `body`, counted in slices of COUNT_SLICE bytes (each holds the GIL for a
+    millisecond or two, so that the event loop runs between them) until the count passes
+    `limit`: a 57 MB body of numbers is refused after its first megabyte."""
+    count = 0
+    for start in range(0, len(body), COUNT_SLICE):
+        count += body.count(b",", start, start + COUNT_SLICE)
+        if count > limit:
+            break
+    return count
 
 
 def checked_images(images, key):

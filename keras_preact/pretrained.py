@@ -35,13 +35,15 @@ DATASETS = {
 REGISTRY_FIELDS = ("file", "sha256", "test_error")
 
 
-def registry(path=REGISTRY_FILE):
-    """{data set: {model name: entry}}: every shipped weights file, from the registry.
+def registry(path=None):
+    """{data set: {model name: entry}}: every shipped weights file, from the registry
+    (`path`, by default `REGISTRY_FILE`, read at call time).
 
     Raises:
         ValueError: naming the registry file, if it is not valid JSON or an entry lacks
             one of `REGISTRY_FIELDS` (an edited or damaged file: reinstall keras-preact).
     """
+    path = path or REGISTRY_FILE
     remedy = "reinstall keras-preact, or restore the file"
     try:
         with open(path, "rb") as file:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import keras_preact
+from keras_preact import pretrained
 from tests.test_export import BATCH_SIZES, CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
 from training import export
 
@@ -24,7 +25,9 @@ def assert_onnx_matches(network, path, pixels):
     metadata = export.read_metadata(path)
     assert metadata["onnx"] == dict(files={"predict_pixels": "onnx/predict_pixels.onnx",
                                            "predict_normalized": "onnx/predict_normalized.onnx"},
-                                    outputs=["logits", "probabilities", "class_ids"])
+                                    outputs=["logits", "probabilities", "class_ids"],
+                                    sha256={signature: pretrained.sha256(os.path.join(path, file))
+                                            for signature, file in metadata["onnx"]["files"].items()})
     sessions = {signature: onnxruntime.InferenceSession(os.path.join(path, file), providers=["CPUExecutionProvider"])
                 for signature, file in metadata["onnx"]["files"].items()}
     for signature, session in sessions.items():

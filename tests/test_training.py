@@ -446,7 +446,8 @@ def test_a_run_resumes_from_a_checkpoint_of_the_other_batch_norm_path(tmp_path):
     first = run_training("--run-dir", str(tmp_path / "switched"), *SHORT, "--set", "duration=1",
                          "--set", "fused_batch_norm=false")
     assert first.returncode == 0, first.stderr[-3000:]
-    resumed = run_training("--run-dir", str(tmp_path / "switched"), *SHORT, "--set", "fused_batch_norm=true")
+    resumed = run_training("--run-dir", str(tmp_path / "switched"), *SHORT, "--set", "fused_batch_norm=true",
+                           "--allow-config-changes")  # duration 1 -> 2 epochs
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming from" in resumed.stdout and "at step 22 of 44" in resumed.stdout
     portable = run_training("--run-dir", str(tmp_path / "portable"), *SHORT, "--set", "fused_batch_norm=false")

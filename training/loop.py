@@ -31,9 +31,10 @@ CSV_FIELDS = ["step", "epoch", "loss", "accuracy", "learning_rate", "test_loss",
 EVALUATION_BATCH = 500
 # The run's config as it started, beside its checkpoints: a resumed run must have the same.
 CONFIG_FILE = "config.json"
-# Fields a resumed run may change: where the data is read from and how often it is logged,
-# evaluated and checkpointed; none of them changes a weight.
-RESUMABLE_CHANGES = ("data_dir", "evaluate_every", "checkpoint_every", "log_every")
+# Fields a resumed run may change: where the data is read from, how often it is logged,
+# evaluated and checkpointed (none of them changes a weight), and which BatchNorm path runs
+# (the same computation to float rounding, with the same variables in its checkpoints).
+RESUMABLE_CHANGES = ("data_dir", "evaluate_every", "checkpoint_every", "log_every", "fused_batch_norm")
 
 
 class TrainingDiverged(RuntimeError):

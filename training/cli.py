@@ -61,7 +61,8 @@ def parser():
                        "(default: runs/<config>-<model>)")
     train.add_argument("--allow-config-changes", action="store_true",
                        help="resume a run with settings other than those it started with (refused otherwise; "
-                       "data_dir, evaluate_every, checkpoint_every and log_every may always change)")
+                       "data_dir, evaluate_every, checkpoint_every, log_every and fused_batch_norm may always "
+                       "change)")
     train.add_argument("--seeds", type=int, default=1, help="train this many seeds (0, 1, ...) and report "
                        "the median and mean +- std of the final test error, as the paper does")
     configs_parser = command(
@@ -100,6 +101,9 @@ def parser():
     evaluate_parser.add_argument("--data-dir", help="the image folder, or tensorflow-datasets' data directory")
     evaluate_parser.add_argument("--batch-size", type=int, default=defaults.EVALUATION_BATCH_SIZE,
                                  help=f"images per inference batch (default: {defaults.EVALUATION_BATCH_SIZE})")
+    evaluate_parser.add_argument("--flip", action="store_true",
+                                 help="also report the error of the test-time flip: each image's class from the mean "
+                                 "of its and its mirror image's probabilities")
     publish = command(
         "publish", help="put a finished CIFAR-10 run's network into the model zoo (keras_preact/weights)",
         description="Save the network of a finished CIFAR-10 run as keras_preact/weights/cifar10_<name>.weights.h5 "
@@ -338,7 +342,7 @@ def evaluate_command(arguments):
     from training import evaluate
 
     result = evaluate.evaluate(arguments.model, arguments.weights, arguments.dataset, arguments.data_dir,
-                               arguments.batch_size)
+                               arguments.batch_size, arguments.flip)
     print("\n".join(evaluate.report(arguments.model, arguments.weights, result)))
     return 0
 

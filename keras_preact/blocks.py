@@ -93,7 +93,8 @@ class BatchNorm(keras.layers.BatchNormalization):
       averages (its `exponential_avg_factor`), which the `keras.ops` path computes from
       five operations per statistic. It computes what the `keras.ops` path computes
       (tested to float rounding). Other backends, other layouts and synchronized statistics
-      (which the fused kernel cannot reduce across replicas) take the `keras.ops` path.
+      (which the fused kernel cannot reduce across replicas) and float64 take the
+      `keras.ops` path.
       `FUSED_ON_TENSORFLOW = False` turns the fused path off.
     - **Batch statistics can be handed out** instead of updating the moving averages:
       while a `StatisticsCollector` collects from it, a training call appends its
@@ -157,9 +158,12 @@ class BatchNorm(keras.layers.BatchNormalization):
         return ops.cast(outputs, self.compute_dtype)
 
     def fused(self, inputs):
-        """Whether a call on `inputs` runs TensorFlow's fused kernel."""
+        """Whether a call on `inputs` (as normalized: float32, or float64 under float64) runs
+        TensorFlow's fused kernel, which takes float32 only (float16 and bfloat16 inputs are
+        normalized in float32)."""
         return (FUSED_ON_TENSORFLOW and keras.backend.backend() == "tensorflow" and len(inputs.shape) == 4
-                and self.axis % 4 == 3 and not self.synchronized)
+                and self.axis % 4 == 3 and not self.synchronized
+                and keras.backend.standardize_dtype(inputs.dtype) == "float32")
 
     def update_moving_statistics(self, mean, variance):
         """moving <- moving * momentum + batch * (1 - momentum), as Keras' training call."""

@@ -142,3 +142,32 @@ def test_moving_variance_is_unbiased_on_every_path(monkeypatch):
         np.testing.assert_allclose(np.array(norm.moving_variance), 0.9 + 0.1 * values.var(0, ddof=1), rtol=1e-5)
         expected = (images - values.mean(0)) / np.sqrt(values.var(0) + defaults.BATCH_NORM_EPSILON)
         np.testing.assert_allclose(outputs, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.tensorflow
+def test_float64_networks_train_and_equal_float32_to_rounding():
+    """Under `keras.config.set_floatx("float64")` BatchNorm takes the portable path (the fused
+    kernel takes float32 only): the network trains a step, and its outputs equal the float32
+    network's with the same weights to float32 rounding. (JAX computes float64 only with
+    `JAX_ENABLE_X64=1`; without it, JAX's arrays stay float32.)"""
+    images = random_images((4, 16, 16, 3))
+    single = network("preactivation")
+    single(images, training=True)  # moving statistics away from 0 and 1
+    previous = keras.config.floatx(), keras.config.dtype_policy()
+    keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")  # where a test before set a global policy
+    try:
+        double = network("preactivation")
+        double.set_weights([weight.astype("float64") for weight in single.get_weights()])
+        assert {weight.dtype for weight in double.weights} == {"float64"}
+        for training in (False, True):
+            expected = np.array(single(images, training=training))
+            received = np.array(double(images.astype("float64"), training=training))
+            assert received.dtype == np.float64
+            np.testing.assert_allclose(received, expected, atol=1e-5 * np.abs(expected).max())
+        double.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+        loss = double.train_on_batch(images.astype("float64"), np.arange(4))
+        assert np.isfinite(loss)
+    finally:
+        keras.config.set_floatx(previous[0])
+        keras.config.set_dtype_policy(previous[1])

@@ -47,14 +47,14 @@ def markdown_table(registry=None):
     for name, entry in sorted(entries.items(), key=lambda item: (item[1]["parameters"], item[0])):
         references = REFERENCES.get(name, {})
         config = entry["config"]
-        recipe = f"`{recipe_command(entry['command'])}`" if entry.get("command") else ""
+        command = f"`{recipe_command(entry['command'])}`" if entry.get("command") else ""
         flip = f"{100 * entry['flip_test_error']:.2f}" if entry.get("flip_test_error") is not None else ""
         lines.append(
             f"| {name} | {'original' if name.endswith('_original') else 'pre-activation'} | "
             f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {flip} | "
             f"{references.get('paper', '')} | "
             f"{references.get('akamaster') or ''} | {references.get('chenyaofo') or ''} | "
-            f"{entry['training_hours']:.1f} | {recipe} ({config['duration']:g} {config['schedule_unit']}, "
+            f"{entry['training_hours']:.1f} | {command} ({config['duration']:g} {config['schedule_unit']}, "
             f"{config.get('schedule', 'step')}) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |")
     return "\n".join(lines)
 

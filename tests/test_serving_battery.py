@@ -448,7 +448,8 @@ ONNX = "{version}/onnx/predict_pixels.onnx"
 @pytest.mark.parametrize("change, message", [
     (edit_metadata(lambda metadata: metadata.update(class_names=["a", "b", "c"])),
      "The ONNX model {version}/onnx/predict_pixels.onnx answers {{'class_ids': [None], 'logits': [None, 10], "
-     "'probabilities': [None, 10]}}, where metadata.json's 3 classes need ['logits', 'probabilities', 'class_ids'] with 3 "
+     "'probabilities': [None, 10]}}, where metadata.json's 3 classes need ['logits', 'probabilities', 'class_ids'] "
+     "with 3 "
      "logits: the file belongs to another model. Export the model again."),
     (edit_metadata(lambda metadata: metadata.pop("class_names")),
      "{version}/metadata.json does not describe the ONNX models (KeyError: 'class_names'): export the model again "
@@ -459,7 +460,8 @@ ONNX = "{version}/onnx/predict_pixels.onnx"
     (lambda version: (version / "onnx" / "predict_pixels.onnx").unlink(),
      f"Could not load the ONNX model {ONNX} (missing, empty, truncated or corrupt: export it again): "),
     (swap_onnx_files, f"The ONNX model {ONNX} is not the one exported with {{version}}/metadata.json: its SHA-256 "),
-    (lambda version: (swap_onnx_files(version), edit_metadata(lambda metadata: metadata["onnx"].pop("sha256"))(version)),
+    (lambda version: (swap_onnx_files(version),
+                      edit_metadata(lambda metadata: metadata["onnx"].pop("sha256"))(version)),
      f"The ONNX model {ONNX} takes [('normalized', 'tensor(float)', [None, 32, 32, 3])], where its signature takes "
      "[('pixels', 'tensor(uint8)', [None, 32, 32, 3])]: the file belongs to another signature or model."),
     (lambda version: (edit_metadata(lambda metadata: metadata["onnx"].pop("sha256"))(version),
@@ -584,4 +586,5 @@ def test_query_against_a_server_that_does_not_answer_json(tmp_path):
             query_client.query(url, "m", [str(image)])
         server.shutdown()
     assert str(error.value) == (f"{url}/v1/models/m:predict answered 200 with a body that is not a JSON object, so it "
-                                "is not TF Serving's REST API (is --server right?). Received: '<html>a web page</html>'")
+                                "is not TF Serving's REST API (is --server right?). "
+                                "Received: '<html>a web page</html>'")

@@ -5,7 +5,8 @@ separate layers, whatever layout it trained in) and its entry in the registry
 (`keras_preact/weights/registry.json`): the file's SHA-256 and size, the network, its
 test error as `python -m training evaluate` measures it on the shipped file (which must
 agree with the run's own final evaluation) and with the test-time flip, the run's config,
-command as a user types it (`user_command`) and hours, the date and the library versions. Then `keras_preact.get_model(name, weights="cifar10")` loads it.
+command as a user types it (`user_command`) and hours, the date and the library versions.
+Then `keras_preact.get_model(name, weights="cifar10")` loads it.
 """
 
 import datetime
@@ -21,13 +22,13 @@ import keras_preact
 from keras_preact import pretrained
 from training import evaluate, files, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
-# Published CIFAR-10 test errors (%) of each zoo network, for the zoo's table: He et al.
-# 2015 ("Deep Residual Learning for Image Recognition", the paper's [1]), Table 6 (original units, 64k iterations, the network's own row); this
-# paper, Table 3 (pre-activation ResNet-110 and ResNet-164, median of 5); and two public
-# reimplementations' best test epoch of 200 epochs (slightly optimistic): akamaster/
-# pytorch_resnet_cifar10 (original units) and chenyaofo/pytorch-cifar-models (cosine, weight
-# decay 5e-4). The pre-activation ResNet-20 and -56 have no published row of their own: the
-# original networks' are their targets.
+# Published CIFAR-10 test errors (%) of each zoo network, for the zoo's table: He et al. 2015
+# ("Deep Residual Learning for Image Recognition", the paper's [1]), Table 6 (original units,
+# 64k iterations, the network's own row); this paper, Table 3 (pre-activation ResNet-110 and
+# ResNet-164, median of 5); and two public reimplementations' best test epoch of 200 epochs
+# (slightly optimistic): akamaster/pytorch_resnet_cifar10 (original units) and
+# chenyaofo/pytorch-cifar-models (cosine, weight decay 5e-4). The pre-activation ResNet-20 and
+# -56 have no published row of their own: the original networks' are their targets.
 REFERENCES = {
     "resnet20": dict(paper="8.75 (He 2015, original)", akamaster=8.27, chenyaofo=7.40),
     "resnet20_original": dict(paper="8.75 (He 2015)", akamaster=8.27, chenyaofo=7.40),
@@ -47,7 +48,7 @@ def markdown_table(registry=None):
     for name, entry in sorted(entries.items(), key=lambda item: (item[1]["parameters"], item[0])):
         references = REFERENCES.get(name, {})
         config = entry["config"]
-        command = f"`{recipe_command(entry['command'])}`" if entry.get("command") else ""
+        command = f"`{user_command(entry['command'], data_dir=False)}`" if entry.get("command") else ""
         flip = f"{100 * entry['flip_test_error']:.2f}" if entry.get("flip_test_error") is not None else ""
         lines.append(
             f"| {name} | {'original' if name.endswith('_original') else 'pre-activation'} | "
@@ -71,32 +72,25 @@ def user_data_dir(data_dir):
     return None if data_dir is None else os.path.basename(os.path.normpath(data_dir))
 
 
-def user_command(command):
+def user_command(command, data_dir=True):
     """A run's command as a user would type it: `--data-dir` names the data folder alone
     (`user_data_dir`), and `--run-dir` (a folder of the machine that trained it) is left out,
-    so that the run goes to its default `runs/<config>-<model>`."""
+    so that the run goes to its default `runs/<config>-<model>`. With `data_dir=False` the
+    data folder is left out too (the zoo table's recipe)."""
     if not command:
         return command
-    words, kept = shlex.split(command), []
-    for word in words:
-        if kept and kept[-1] == "--run-dir":
+    dropped = ("--run-dir",) if data_dir else ("--run-dir", "--data-dir")
+    kept = []
+    for word in shlex.split(command):
+        if kept and kept[-1] in dropped:
             kept.pop()
         elif kept and kept[-1] == "--data-dir":
             kept.append(user_data_dir(word))
+        elif word.startswith(tuple(f"{option}=" for option in dropped)):
+            continue
         elif word.startswith("--data-dir="):
             kept.append(f"--data-dir={user_data_dir(word.split('=', 1)[1])}")
-        elif not word.startswith("--run-dir="):
-            kept.append(word)
-    return shlex.join(kept)
-
-
-def recipe_command(command):
-    """A run's command without the options that name this machine's folders (--data-dir, --run-dir)."""
-    words, kept = shlex.split(command), []
-    for word in words:
-        if kept and kept[-1] in ("--data-dir", "--run-dir"):
-            kept.pop()
-        elif not word.startswith(("--data-dir=", "--run-dir=")):
+        else:
             kept.append(word)
     return shlex.join(kept)
 
@@ -172,7 +166,8 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
         test_error=round(result["test_error"], 6), flip_test_error=round(result["flip_test_error"], 6),
         per_class_accuracy={label: round(value, 4) for label, value in result["per_class_accuracy"].items()},
         data=DATA_DESCRIPTION, command=user_command(summary.get("command")),
-        config=dict(config, data_dir=user_data_dir(config.get("data_dir"))), training_hours=summary.get("training_hours"),
+        config=dict(config, data_dir=user_data_dir(config.get("data_dir"))),
+        training_hours=summary.get("training_hours"),
         training_images_per_second=round(summary["training_images_per_second"], 1),
         date=datetime.date.today().isoformat(),
         versions=dict(keras_preact=keras_preact.__version__, keras=keras.__version__, backend=keras.backend.backend(),

@@ -122,7 +122,7 @@ def main():
     keras.utils.set_random_seed(config.seed)
     classes = int(train_labels.max()) + 1
     model = recipe.training_model(config, train_images.shape[1:], classes, seed=config.seed)
-    model.compile(recipe.optimizer(config, steps_per_epoch, model), recipe.loss(), metrics=["accuracy"])
+    model.compile(recipe.optimizer(config, steps_per_epoch, model), recipe.loss(config.label_smoothing), metrics=["accuracy"])
     log = EpochLog(len(train_images))
     started = time.perf_counter()
     model.fit(train_images, train_labels, batch_size=config.batch_size, epochs=epochs, callbacks=[log], verbose=0)

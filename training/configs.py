@@ -33,6 +33,8 @@ NUMBER_RANGES = {
     "warmup": (">= 0", lambda value: value >= 0),
     "gate_bias": ("", lambda value: True),
     "shortcut_dropout": ("in [0, 1)", lambda value: 0 <= value < 1),
+    "label_smoothing": ("in [0, 1)", lambda value: 0 <= value < 1),
+    "average_momentum": ("in [0, 1)", lambda value: 0 <= value < 1),
 }
 
 
@@ -75,6 +77,14 @@ class Config:
         reference_batch_size: the batch size the schedule was written for.
         momentum, nesterov: SGD's.
         weight_decay: the coupled weight decay of the paper (1e-4).
+        label_smoothing: the training loss's targets are (1 - this) on the label plus
+            this spread evenly over all classes (Szegedy et al., "Rethinking the Inception
+            Architecture", 2016, Section 7); 0 for the paper's plain cross-entropy.
+            Evaluation losses are always plain cross-entropy.
+        average_momentum: keep an exponential moving average of the trainable weights,
+            w_avg <- m w_avg + (1 - m) w after each step (Keras optimizers' `use_ema`,
+            `ema_momentum`), and evaluate and save the averaged network in place of the
+            trained one (BatchNorm's moving statistics are the trained network's); 0 for none.
         schedule_unit: "steps" (iterations at `reference_batch_size`) or "epochs", for
             `duration`, `decay_boundaries` and `warmup`.
         schedule: "step", the paper's: the rate multiplied by `decay_factor` at each of
@@ -127,6 +137,8 @@ class Config:
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = defaults.WEIGHT_DECAY
+    label_smoothing: float = 0.0
+    average_momentum: float = 0.0
     schedule_unit: str = "steps"
     schedule: str = "step"
     duration: float = 64000

@@ -169,8 +169,9 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     restored = restore_newest_intact(checkpoint, checkpoint_dir, verbose=chief and verbose)
     first_step = int(optimizer.iterations.numpy())
 
-    per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    replica_step = replica_step_function(model, optimizer, config.batch_size, per_example_loss, config.xla)
+    per_example_loss = recipe.loss(reduction=None)
+    replica_step = replica_step_function(model, optimizer, config.batch_size,
+                                         recipe.loss(config.label_smoothing, reduction=None), config.xla)
 
     @tf.function
     def train_step(iterator):
@@ -196,12 +197,18 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     evaluation_split = dataset.test if dataset.validation is None else dataset.validation
 
     def evaluate():
+        """(loss, error) of the evaluated network: the weights' moving average in place of
+        the trained weights where the config keeps one (the trained ones are put back)."""
+        trained = [variable.numpy() for variable in model.trainable_variables] if config.average_momentum else []
+        optimizer.finalize_variable_values(model.trainable_variables)
         losses, correct, count = 0.0, 0, 0
         for images, labels in data.evaluation_batches(evaluation_split, EVALUATION_BATCH):
             logits = predict(images)
             losses += float(tf.reduce_sum(per_example_loss(labels, tf.cast(logits, tf.float32))))
             correct += int(tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.int32)))
             count += int(labels.shape[0])
+        for variable, value in zip(model.trainable_variables, trained):
+            variable.assign(value)
         return losses / count, 1.0 - correct / count
 
     log = TrainingLog(run_dir, first_step, chief)
@@ -255,6 +262,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     if error is None:
         _, error = evaluate()
+    optimizer.finalize_variable_values(model.trainable_variables)  # the evaluated network is the one saved
     summary = log.finish(config, dataset, model, evaluated_on, error, training_seconds, total_steps, command)
     if verbose:
         print(
@@ -278,6 +286,9 @@ def check_resumed_config(config, run_dir, allow_changes=False, verbose=True):
     now = json.loads(json.dumps(dataclasses.asdict(config)))  # tuples as JSON lists, as recorded
     if os.path.exists(path) and os.path.isdir(checkpoints) and os.listdir(checkpoints):
         recorded = files.read_json(path, "move the run folder away to train from the start")
+        # A field added to Config since the run started was its default then.
+        defaults = json.loads(json.dumps(dataclasses.asdict(configs.Config())))
+        recorded = {**{field: value for field, value in defaults.items() if field not in recorded}, **recorded}
         changed = [field for field in sorted(set(recorded) | set(now))
                    if recorded.get(field) != now.get(field) and field not in RESUMABLE_CHANGES]
         if changed and not allow_changes:

@@ -251,8 +251,11 @@ class _TensorsOnce:
 
 def optimizer(config, steps_per_epoch, model=None):
     """SGD with momentum, as Caffe's: v <- m v - lr g; w <- w + v (`CoupledSGD`), which
-    takes over `model`'s weight decay where a model is given."""
-    sgd = CoupledSGD(schedule(config, steps_per_epoch), momentum=config.momentum, nesterov=config.nesterov)
+    takes over `model`'s weight decay where a model is given; with a moving average of the
+    weights where `config.average_momentum` (`keras.optimizers.Optimizer`'s `use_ema`:
+    `optimizer.finalize_variable_values(model.trainable_variables)` puts it in the model)."""
+    average = dict(use_ema=True, ema_momentum=config.average_momentum) if config.average_momentum else {}
+    sgd = CoupledSGD(schedule(config, steps_per_epoch), momentum=config.momentum, nesterov=config.nesterov, **average)
     if model is not None:
         sgd.take_weight_decay(model)
     return keras.optimizers.LossScaleOptimizer(sgd) if config.precision == "mixed_float16" else sgd
@@ -315,5 +318,15 @@ def network_of(config, input_shape, classes):
     )
 
 
-def loss():
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+def loss(label_smoothing=0.0, reduction="sum_over_batch_size"):
+    """Cross-entropy of integer labels and logits; with `label_smoothing` (`Config`'s), of the
+    smoothed one-hot targets. `reduction=None` gives each example's loss."""
+    if not label_smoothing:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
+    smoothed = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing,
+                                                    reduction=reduction)
+
+    def smoothed_cross_entropy(labels, logits):
+        return smoothed(ops.one_hot(ops.cast(labels, "int32"), ops.shape(logits)[-1]), logits)
+
+    return smoothed_cross_entropy

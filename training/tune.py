@@ -86,7 +86,7 @@ class GateBiasHyperModel(keras_tuner.HyperModel):
         config = self.trial_config(hp)
         keras.utils.set_random_seed(config.seed)  # every trial starts from the same weights' seed
         model = recipe.training_model(config, self.input_shape, self.classes, seed=config.seed)
-        model.compile(recipe.optimizer(config, self.steps_per_epoch, model), recipe.loss(),
+        model.compile(recipe.optimizer(config, self.steps_per_epoch, model), recipe.loss(config.label_smoothing),
                       metrics=[ClassificationError()])
         return model
 

@@ -18,9 +18,9 @@ $(VENV)/installed: pyproject.toml
 # and classifies the ten CIFAR-10 test images of docs/cifar10 with its reloaded SavedModel.
 demo: $(VENV)/installed
 	rm -rf runs/demo
-	$(BIN)/python -m training train --config digits_demo --run-dir runs/demo
-	$(BIN)/python -m training export --run-dir runs/demo
-	$(BIN)/python -m training export --model resnet20 --weights cifar10 --images docs/cifar10/*.jpg
+	$(BIN)/keras-preact train --config digits_demo --run-dir runs/demo
+	$(BIN)/keras-preact export --run-dir runs/demo
+	$(BIN)/keras-preact export --model resnet20 --weights cifar10 --images docs/cifar10/*.jpg
 
 # Every test on TensorFlow, then the library's tests again on JAX (the largest networks
 # and TensorFlow-only tests left out there). pytest's exit code 5, no test collected,

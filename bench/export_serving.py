@@ -5,7 +5,7 @@
 Prints the machine, then per model: seconds to build it, to export it with
 `training.export.export_saved_model` (three signatures, one traced network), the size
 of the version folder, seconds to reload it with `tf.saved_model.load` and to its first
-prediction. `--serve` starts `python -m training serve` on the exported model and
+prediction. `--serve` starts `keras-preact serve` on the exported model and
 measures requests per second from `--clients` concurrent clients, each sending
 `--requests` requests of one 32 x 32 JPEG.
 """
@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_preact  # noqa: E402
-from training import configs, export  # noqa: E402
+from keras_preact_training import configs, export  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from training_throughput import machine  # noqa: E402
@@ -67,7 +67,7 @@ def requests_per_second(model_dir, clients, requests):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "training", "serve", model_dir, "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "keras_preact_training", "serve", model_dir, "--port", str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         server.stdout.readline()  # "Serving ..." once the model is loaded

@@ -13,7 +13,7 @@ model function's own choice, `scan_units=None`), `separate` (`scan_units=False`,
 layer per unit) and `loops` (`scan_units=True`).
 
 `--phases`: where the first step of the training loop's own step goes (issue 13; the step
-of `python -m training` and of bench/harness.py, built before its first call as the loop
+of `keras-preact` and of bench/harness.py, built before its first call as the loop
 builds it): seconds to trace it (Python building the graph) and the operations traced,
 seconds of the first call (graph optimization by Grappler, kernel creation, the step
 itself), of which Grappler is the difference to a first call in a process with

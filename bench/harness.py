@@ -18,7 +18,7 @@ Keras Applications peers (`--peers`) are measured side by side, with our network
 same depth, and so are PyTorch's (`--torch resnet50 resnet164`, `bench/torch_peers.py`,
 with the `bench` extra: torch 2.13.0's CPU build); the ratios are printed. `--unfused`
 measures each of `--models` again with BatchNorm's portable `keras.ops` path in place of
-TensorFlow's fused kernel (`keras_preact.blocks.FUSED_ON_TENSORFLOW = False`), the code
+TensorFlow's fused kernel (`keras_preact.blocks.set_fused(model, False)`), the code
 before the fused path, and prints what the fused kernel gains.
 """
 
@@ -60,10 +60,11 @@ def build(name, precision="float32", unfused=False, **options):
     import keras_preact
 
     keras.config.set_dtype_policy(precision)
-    keras_preact.blocks.FUSED_ON_TENSORFLOW = not unfused
     if name in PEERS:
         return getattr(keras.applications, name)(weights=None, classifier_activation=None)
-    return keras_preact.get_model(name, classifier_activation=None, **options)
+    model = keras_preact.get_model(name, classifier_activation=None, **options)
+    keras_preact.blocks.set_fused(model, not unfused)
+    return model
 
 
 def forward_flops(model):
@@ -148,7 +149,7 @@ def random_batch_training(model, batch, xla=False):
     import numpy as np
     import tensorflow as tf
 
-    from training import loop, recipe
+    from keras_preact_training import loop, recipe
 
     images = tf.constant(np.random.default_rng(0).normal(size=(batch, *model.input_shape[1:])).astype("float32"))
     labels = tf.constant(np.arange(batch) % model.output_shape[-1])

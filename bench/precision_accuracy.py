@@ -23,7 +23,7 @@ import numpy as np
 from harness import processor  # bench/, the script's folder
 from PIL import Image
 
-from training import configs, recipe
+from keras_preact_training import configs, recipe
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
@@ -102,7 +102,7 @@ def main():
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--epochs", type=float, help="the schedule's length (default: the config's 30)")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
-                        help="more changes to the config, as `python -m training train --set`")
+                        help="more changes to the config, as `keras-preact train --set`")
     parser.add_argument("--output", help="a file to append the run's JSON line to")
     parser.add_argument("--decode-only", action="store_true", help="write --arrays and stop")
     arguments = parser.parse_args()

@@ -36,7 +36,7 @@ import onnxruntime  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_preact  # noqa: E402
-from training import configs, export  # noqa: E402
+from keras_preact_training import configs, export  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from training_throughput import machine  # noqa: E402

@@ -2,7 +2,7 @@
 
     python bench/serving_load.py --models resnet20 resnet164 --clients 8 64 --requests 50
 
-Prints the machine, then, for each model, a fresh `python -m training serve` process on its
+Prints the machine, then, for each model, a fresh `keras-preact serve` process on its
 SavedModel (BatchNorm statistics of a batch, random weights: the speed does not depend on
 them) and:
 - load: `--clients` concurrent clients, each sending `--requests` single-image requests
@@ -66,13 +66,13 @@ def jpeg_bodies():
 
 
 class Served:
-    """`python -m training serve` on a model folder, from `source`."""
+    """`keras-preact serve` on a model folder, from `source`."""
 
     def __init__(self, model_dir, source, options=()):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        self.process = subprocess.Popen([sys.executable, "-m", "training", "serve", model_dir, "--port", str(self.port),
+        self.process = subprocess.Popen([sys.executable, "-m", "keras_preact_training", "serve", model_dir, "--port", str(self.port),
                                         *options],
                                         cwd=source, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.process.stdout.readline()

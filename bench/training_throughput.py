@@ -5,7 +5,7 @@
 
 Prints the machine, then images per second of (a) the input pipeline alone (JPEG
 decoding, shuffling, batching, as training reads it) and (b) training each model with
-the paper's recipe at batch 128 (`python -m training`'s loop; the median over windows
+the paper's recipe at batch 128 (`keras-preact`'s loop; the median over windows
 of `--window` steps after the first, which includes tracing).
 """
 
@@ -20,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 from harness import processor  # noqa: E402  bench/, the script's folder
 
-from training import configs, data, loop  # noqa: E402
+from keras_preact_training import configs, data, loop  # noqa: E402
 
 
 def machine():

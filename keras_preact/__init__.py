@@ -11,7 +11,7 @@ import wrapt
 
 # The public names and the module each lives in, imported on first use (PEP 562): importing
 # keras_preact, or a light module such as `keras_preact.defaults`, imports neither Keras nor
-# its backend until a layer or network is asked for (`python -m training --help` answers at
+# its backend until a layer or network is asked for (`keras-preact --help` answers at
 # once).
 _SUBMODULES = ("analysis", "architectures", "blocks", "defaults", "folding", "merges", "models", "pretrained",
                "shortcuts", "stacked", "units")

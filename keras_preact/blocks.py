@@ -71,12 +71,6 @@ def strided_size(size, stride):
     return None if size is None else -(-size // stride)
 
 
-# Whether BatchNorm runs TensorFlow's fused kernel where it applies (see `BatchNorm`).
-# False runs the portable keras.ops path everywhere: a switch to measure and test one
-# path against the other (the training config's `fused_batch_norm`), read at call time.
-FUSED_ON_TENSORFLOW = True
-
-
 @keras.saving.register_keras_serializable(package="keras_preact")
 class BatchNorm(keras.layers.BatchNormalization):
     """Keras' BatchNormalization as the official Torch code computes it, fused on TensorFlow.
@@ -95,7 +89,9 @@ class BatchNorm(keras.layers.BatchNormalization):
       (tested to float rounding). Other backends, other layouts and synchronized statistics
       (which the fused kernel cannot reduce across replicas) and float64 take the
       `keras.ops` path.
-      `FUSED_ON_TENSORFLOW = False` turns the fused path off.
+      `fused=False` (or `set_fused(model, False)` for every BatchNorm of a network) turns
+      the fused path off: a setting to measure and test one path against the other (the
+      training config's `fused_batch_norm`), saved in the layer's config.
     - **Batch statistics can be handed out** instead of updating the moving averages:
       while a `StatisticsCollector` collects from it, a training call appends its
       batch mean and unbiased variance to the collector and leaves the moving averages
@@ -113,6 +109,15 @@ class BatchNorm(keras.layers.BatchNormalization):
     collector = None
     folded = False
 
+    def __init__(self, *args, fused=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not isinstance(fused, bool):
+            raise ValueError(f"fused must be True or False. Received: fused={fused!r}")
+        self.fused = fused
+
+    def get_config(self):
+        return {**super().get_config(), "fused": self.fused}
+
     def call(self, inputs, training=None, mask=None):
         if self.folded:
             return ops.cast(ops.add(inputs, ops.cast(self.beta, inputs.dtype)), self.compute_dtype)
@@ -121,7 +126,7 @@ class BatchNorm(keras.layers.BatchNormalization):
         inputs = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
         gamma = ops.cast(self.gamma, inputs.dtype) if self.scale else ops.ones(inputs.shape[-1:], inputs.dtype)
         beta = ops.cast(self.beta, inputs.dtype) if self.center else ops.zeros(inputs.shape[-1:], inputs.dtype)
-        fused = self.fused(inputs)
+        fused = self.runs_fused_kernel(inputs)
         # A collector collects only while training; the backward pass's recomputation runs
         # outside the network's call, which passes `training` on.
         if (training or self.collector is not None) and self.trainable:
@@ -157,11 +162,11 @@ class BatchNorm(keras.layers.BatchNormalization):
                                                   epsilon=self.epsilon)
         return ops.cast(outputs, self.compute_dtype)
 
-    def fused(self, inputs):
+    def runs_fused_kernel(self, inputs):
         """Whether a call on `inputs` (as normalized: float32, or float64 under float64) runs
         TensorFlow's fused kernel, which takes float32 only (float16 and bfloat16 inputs are
         normalized in float32)."""
-        return (FUSED_ON_TENSORFLOW and keras.backend.backend() == "tensorflow" and len(inputs.shape) == 4
+        return (self.fused and keras.backend.backend() == "tensorflow" and len(inputs.shape) == 4
                 and self.axis % 4 == 3 and not self.synchronized
                 and keras.backend.standardize_dtype(inputs.dtype) == "float32")
 
@@ -190,6 +195,23 @@ class StatisticsCollector:
     def __exit__(self, *exception):
         for layer in self.layers:
             layer.collector = None
+
+
+def set_fused(model, fused):
+    """Sets `BatchNorm.fused` on every BatchNorm of `model` (those of stacked units too); call
+    it before the first call that is traced. Returns how many were set.
+
+    Units build their BatchNorms themselves, so a unit rebuilt from a saved model has the
+    default (fused) again: the same computation to float rounding.
+    """
+    from keras_preact import stacked  # here: stacked imports this module
+
+    if not isinstance(fused, bool):
+        raise ValueError(f"fused must be True or False. Received: fused={fused!r}")
+    norms = [layer for layer in stacked.all_layers(model) if isinstance(layer, BatchNorm)]
+    for norm in norms:
+        norm.fused = fused
+    return len(norms)
 
 
 def batch_norm(weight_decay, name, dtype=None):

@@ -1,5 +1,6 @@
 import fcntl
 import os
+import sys
 import tarfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -10,6 +11,9 @@ import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CIFAR_ARCHIVE = os.path.join(ROOT, "..", "shared", "data", "cifar10-jpeg.tar.xz")
+# The console command (pyproject's [project.scripts]) as a user runs it: installed beside
+# the Python that runs the tests, in the virtual environment's bin/.
+KERAS_PREACT = os.path.join(os.path.dirname(sys.executable), "keras-preact")
 
 
 # Saving and loading the deepest networks takes about 20 s each on a 2-core CPU (their units

@@ -1,4 +1,4 @@
-"""keras_preact.analysis and `python -m training diagnose`: the paper's Eqns. 4-5 and 7-8."""
+"""keras_preact.analysis and `keras-preact diagnose`: the paper's Eqns. 4-5 and 7-8."""
 
 import os
 import subprocess
@@ -10,7 +10,8 @@ import pytest
 
 import keras_preact as kp
 from keras_preact import analysis
-from training import diagnose
+from keras_preact_training import diagnose
+from tests.conftest import KERAS_PREACT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGES, LABELS = diagnose.real_images(16)
@@ -102,7 +103,7 @@ def test_bad_input():
 @pytest.mark.tensorflow
 def test_diagnose_command_writes_its_plots_and_tables(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "training", "diagnose", "--depths", "20", "--depth", "20", "--batch-size", "8",
+        [KERAS_PREACT, "diagnose", "--depths", "20", "--depth", "20", "--batch-size", "8",
          "--output", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=600,
     )

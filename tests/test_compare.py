@@ -1,10 +1,10 @@
-"""`python -m training compare`: finished runs side by side, error against hours."""
+"""`keras-preact compare`: finished runs side by side, error against hours."""
 
 import json
 
 import pytest
 
-from training import cli, compare
+from keras_preact_training import cli, compare
 
 HEADER = "step,epoch,loss,accuracy,learning_rate,test_loss,test_error,images_per_second,validation_loss," \
          "validation_error,hours\n"

@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 import keras_preact
-from training import configs, data, export
+from keras_preact_training import configs, data, export
+from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
 
@@ -275,11 +276,11 @@ def test_export_command_exports_a_run_and_predicts_with_the_reloaded_model(tmp_p
     """The end of the README's main job: train (a short digits run), export, predict."""
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
     run_dir, output = str(tmp_path / "run"), str(tmp_path / "saved_models")
-    trained = subprocess.run([sys.executable, "-m", "training", "train", "--config", "digits_demo", "--run-dir",
+    trained = subprocess.run([KERAS_PREACT, "train", "--config", "digits_demo", "--run-dir",
                               run_dir, "--set", "duration=2", "--set", "evaluate_every=1000"], cwd=ROOT,
                              env=environment, capture_output=True, text=True, timeout=600)
     assert trained.returncode == 0, trained.stderr[-3000:]
-    result = subprocess.run([sys.executable, "-m", "training", "export", "--run-dir", run_dir, "--output", output,
+    result = subprocess.run([KERAS_PREACT, "export", "--run-dir", run_dir, "--output", output,
                              "--top-k", "3"], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     path = os.path.join(output, "digits_resnet20", "1")
@@ -303,14 +304,14 @@ def test_export_command_exports_a_run_and_predicts_with_the_reloaded_model(tmp_p
     shutil.copytree(run_dir, damaged)
     model_file = damaged / "model.keras"
     model_file.write_bytes(model_file.read_bytes()[:1000])
-    result = subprocess.run([sys.executable, "-m", "training", "export", "--run-dir", str(damaged), "--output", output],
+    result = subprocess.run([KERAS_PREACT, "export", "--run-dir", str(damaged), "--output", output],
                             cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"error: Could not read the run's model {model_file} (a truncated or corrupt file" in result.stderr
 
 
 def test_export_command_without_a_run_is_a_clear_error(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "training", "export", "--run-dir", str(tmp_path / "none")],
+    result = subprocess.run([KERAS_PREACT, "export", "--run-dir", str(tmp_path / "none")],
                             cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 2

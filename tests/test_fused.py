@@ -21,10 +21,11 @@ def weighted_sum(outputs):
     return keras.ops.sum(keras.ops.cast(outputs, "float32") * np.arange(1, 11, dtype="float32"))
 
 
-def one_step(model, images, fused, monkeypatch):
+def one_step(model, images, fused):
     """Training-mode outputs, the gradient of every weight, the moving statistics after the
-    two training passes, and inference-mode outputs; the weights are put back after."""
-    monkeypatch.setattr(blocks, "FUSED_ON_TENSORFLOW", fused)
+    two training passes, and inference-mode outputs, with every BatchNorm `fused` or not;
+    the weights are put back after."""
+    blocks.set_fused(model, fused)
     initial = model.get_weights()
     outputs = [np.array(model(images, training=True), "float32")]
     grads = gradients(model, images, weighted_sum)
@@ -63,11 +64,11 @@ def case_id(case):
 
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("unit, form, layout, rematerialize", CASES, ids=[case_id(case) for case in CASES])
-def test_fused_equals_portable(unit, form, layout, rematerialize, monkeypatch):
+def test_fused_equals_portable(unit, form, layout, rematerialize):
     model = network(unit, form, scan_units=layout == "loops", rematerialize=rematerialize)
     images = random_images((4, 16, 16, 3), seed=3)
-    portable = one_step(model, images, False, monkeypatch)
-    fused = one_step(model, images, True, monkeypatch)
+    portable = one_step(model, images, False)
+    fused = one_step(model, images, True)
     assert all(gradient is not None for gradient in fused["gradients"])
     assert_same_to_rounding(fused, portable)
     # The step moved the statistics: comparing initial values would prove nothing.
@@ -80,15 +81,14 @@ BFLOAT16_CASES = [("preactivation", "basic", "separate", False), ("original", "b
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("unit, form, layout, rematerialize", BFLOAT16_CASES,
                          ids=[case_id(case) for case in BFLOAT16_CASES])
-def test_fused_is_as_close_to_float32_as_portable_under_mixed_bfloat16(unit, form, layout, rematerialize,
-                                                                        monkeypatch):
+def test_fused_is_as_close_to_float32_as_portable_under_mixed_bfloat16(unit, form, layout, rematerialize):
     """bfloat16 rounds each activation to 8 bits: both paths then differ from float32 by far
     more than from each other (outputs 0.5-1.4 %, gradients up to 68 % at initialisation
     measured, alike for the two); the fused path may not be further off than the portable one."""
     options = dict(scan_units=layout == "loops", rematerialize=rematerialize)
     images = random_images((4, 16, 16, 3), seed=3)
     reference = network(unit, form, **options)
-    float32 = one_step(reference, images, False, monkeypatch)
+    float32 = one_step(reference, images, False)
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
         model = network(unit, form, **options)
@@ -96,32 +96,33 @@ def test_fused_is_as_close_to_float32_as_portable_under_mixed_bfloat16(unit, for
         keras.config.set_dtype_policy("float32")
     model.set_weights(reference.get_weights())
     assert model.get_layer("stem_conv").compute_dtype == "bfloat16"
-    portable = largest_relative_errors(one_step(model, images, False, monkeypatch), float32)
-    fused = largest_relative_errors(one_step(model, images, True, monkeypatch), float32)
+    portable = largest_relative_errors(one_step(model, images, False), float32)
+    fused = largest_relative_errors(one_step(model, images, True), float32)
     for kind in float32:
         assert fused[kind] <= 1.25 * portable[kind] + 1e-3, (kind, fused[kind], portable[kind])
 
 
-def test_the_fused_kernel_runs_on_tensorflow_only_where_it_applies(monkeypatch):
+def test_the_fused_kernel_runs_on_tensorflow_only_where_it_applies():
     norm = blocks.batch_norm(1e-4, "bn")
     images = random_images((2, 4, 4, 3))
     norm.build(images.shape)
-    assert norm.fused(images) == (keras.backend.backend() == "tensorflow")
-    assert not norm.fused(random_images((2, 3)))  # not a 4-D image batch
+    assert norm.runs_fused_kernel(images) == (keras.backend.backend() == "tensorflow")
+    assert not norm.runs_fused_kernel(random_images((2, 3)))  # not a 4-D image batch
     norm.synchronized = True  # statistics over replicas: the fused kernel cannot pool them
-    assert not norm.fused(images)
-    monkeypatch.setattr(blocks, "FUSED_ON_TENSORFLOW", False)
+    assert not norm.runs_fused_kernel(images)
     norm.synchronized = False
-    assert not norm.fused(images)
+    norm.fused = False
+    assert not norm.runs_fused_kernel(images)
+    assert blocks.BatchNorm.from_config(norm.get_config()).fused is False  # the setting is saved
 
 
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("fused", [True, False])
-def test_the_traced_graph_holds_the_fused_kernel_or_not(fused, monkeypatch):
+def test_the_traced_graph_holds_the_fused_kernel_or_not(fused):
     import tensorflow as tf
 
-    monkeypatch.setattr(blocks, "FUSED_ON_TENSORFLOW", fused)
     model = network("preactivation")
+    assert blocks.set_fused(model, fused) == 13  # the stem's, 2 x 6 units' (of 2 each, less the first) and the final
     for training in (True, False):
         graph = tf.function(lambda images: model(images, training=training)).get_concrete_function(
             tf.TensorSpec((None, 16, 16, 3))).graph
@@ -129,13 +130,13 @@ def test_the_traced_graph_holds_the_fused_kernel_or_not(fused, monkeypatch):
         assert ("FusedBatchNormV3" in kinds) == fused, training
 
 
-def test_moving_variance_is_unbiased_on_every_path(monkeypatch):
+def test_moving_variance_is_unbiased_on_every_path():
     """Torch's (and the fused kernel's) running variance: the batch variance with Bessel's
     correction; the batch is normalized with the biased one."""
     images = np.random.default_rng(0).normal(2.0, 3.0, size=(4, 5, 5, 3)).astype("float32")
     for fused in (True, False):
-        monkeypatch.setattr(blocks, "FUSED_ON_TENSORFLOW", fused)
         norm = blocks.batch_norm(0.0, "bn")
+        norm.fused = fused
         outputs = np.array(norm(images, training=True))
         values = images.reshape(-1, 3)
         np.testing.assert_allclose(np.array(norm.moving_mean), 0.1 * values.mean(0), rtol=1e-5)

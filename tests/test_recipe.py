@@ -8,7 +8,7 @@ import pytest
 
 import keras_preact
 from keras_preact import defaults
-from training import configs, recipe
+from keras_preact_training import configs, recipe
 
 PAPER = configs.CONFIGS["cifar10_paper"]
 

@@ -1,4 +1,4 @@
-"""`python -m training tune` and `ablate`: the gate-bias search and the paper's tables, end to end."""
+"""`keras-preact tune` and `ablate`: the gate-bias search and the paper's tables, end to end."""
 
 import csv
 import json
@@ -10,7 +10,8 @@ import keras_tuner
 import numpy as np
 import pytest
 
-from training import ablation, configs, data, recipe, tune
+from keras_preact_training import ablation, configs, data, recipe, tune
+from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
 
@@ -22,7 +23,7 @@ TINY_SEARCH = ["tune", "--config", "digits_demo", "--model", "resnet20", "--set"
 
 def run(*arguments, timeout=900):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
-    return subprocess.run([sys.executable, "-m", "training", *arguments], cwd=ROOT, env=environment,
+    return subprocess.run([KERAS_PREACT, *arguments], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -184,6 +185,6 @@ def test_bad_ablation_arguments_exit_with_a_message(tmp_path):
 
 
 def test_the_command_line_offers_every_tuner():
-    from training import defaults
+    from keras_preact_training import defaults
 
     assert tuple(tune.TUNERS) == defaults.TUNER_NAMES

@@ -1,4 +1,4 @@
-"""`python -m training serve`: TF Serving's REST API over HTTP, against the real server process."""
+"""`keras-preact serve`: TF Serving's REST API over HTTP, against the real server process."""
 
 import asyncio
 import base64
@@ -25,7 +25,8 @@ from PIL import Image
 
 import keras_preact
 from tests.test_export import CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
-from training import export, serve
+from keras_preact_training import export, serve
+from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
 
@@ -64,10 +65,10 @@ class Client:
 
 
 def start_server(directory, *options):
-    """`python -m training serve directory` on a free port; (process, port) once it serves."""
+    """`keras-preact serve directory` on a free port; (process, port) once it serves."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "training", "serve", str(directory), "--port", str(port), *options],
+        [KERAS_PREACT, "serve", str(directory), "--port", str(port), *options],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow"),
     )
@@ -192,7 +193,7 @@ def test_query_command_prints_top_classes(served_by_each_runtime, tmp_path):
     for index, image in enumerate(encoded):
         paths.append(tmp_path / f"image{index}.jpg")
         paths[-1].write_bytes(image)
-    result = subprocess.run([sys.executable, "-m", "training", "query", "--server", client.url, "--model",
+    result = subprocess.run([KERAS_PREACT, "query", "--server", client.url, "--model",
                              "cifar10_resnet20", "--top-k", "2", *map(str, paths)], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -204,13 +205,13 @@ def test_query_command_prints_top_classes(served_by_each_runtime, tmp_path):
 def test_query_without_a_server_is_a_clear_error(tmp_path):
     image = tmp_path / "image.jpg"
     image.write_bytes(b"\xff\xd8")
-    result = subprocess.run([sys.executable, "-m", "training", "query", "--server", f"http://127.0.0.1:{free_port()}",
+    result = subprocess.run([KERAS_PREACT, "query", "--server", f"http://127.0.0.1:{free_port()}",
                              "--model", "m", str(image)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "No server answers at" in result.stderr
 
 
 def serve_command(*arguments):
-    return subprocess.run([sys.executable, "-m", "training", "serve", *arguments], cwd=ROOT, capture_output=True,
+    return subprocess.run([KERAS_PREACT, "serve", *arguments], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 

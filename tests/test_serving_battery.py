@@ -1,4 +1,4 @@
-"""The second hostile-input battery against `python -m training serve`: batching that never
+"""The second hostile-input battery against `keras-preact serve`: batching that never
 loses a request, TCP_NODELAY, animated and 1-channel images, large bodies, HTTP framing, and
 the files a server or a resumed run must not trust."""
 
@@ -24,8 +24,9 @@ from keras_preact import pretrained
 from tests.test_export import CIFAR, calibrated, random_pixels
 from tests.test_serving import (PREDICT, Client, b64, export_resnet20, free_port, jpegs, raw_exchange, serve_command,
                                 start_server, stop_server)
-from training import client as query_client
-from training import export, serve
+from keras_preact_training import client as query_client
+from keras_preact_training import export, serve
+from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
 
@@ -548,7 +549,7 @@ def test_corrupt_metadata_and_summary_name_their_path(exported, tmp_path):
 
 
 def cli(*arguments):
-    return subprocess.run([sys.executable, "-m", "training", *arguments], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([KERAS_PREACT, *arguments], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow"))
 
 

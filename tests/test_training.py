@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from training import configs, data, loop
+from keras_preact_training import configs, data, loop
+from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
 
@@ -28,7 +29,7 @@ SHORT = ["--set", "duration=2", "--set", "checkpoint_every=5", "--set", "evaluat
 
 def run_training(*arguments, env=None, timeout=600):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "training", "train", *arguments], cwd=ROOT, env=environment,
+    return subprocess.run([KERAS_PREACT, "train", *arguments], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -176,7 +177,7 @@ def test_missing_data_directory_is_a_clear_error(tmp_path):
 # The real entry point -------------------------------------------------------------------
 
 def test_help_documents_every_option():
-    result = subprocess.run([sys.executable, "-m", "training", "train", "--help"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([KERAS_PREACT, "train", "--help"], cwd=ROOT, capture_output=True, text=True)
     for option in ("--config", "--set", "--model", "--data-dir", "--strategy", "--run-dir", "--seeds"):
         assert option in result.stdout
 
@@ -214,7 +215,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
 
     resumed_dir = tmp_path / "killed"
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
-    process = subprocess.Popen([sys.executable, "-m", "training", "train", "--run-dir", str(resumed_dir), *SHORT],
+    process = subprocess.Popen([KERAS_PREACT, "train", "--run-dir", str(resumed_dir), *SHORT],
                                cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     checkpoints = resumed_dir / "checkpoints"
     deadline = time.time() + 300
@@ -364,7 +365,7 @@ def test_multi_worker_equals_mirrored_on_two_devices(tmp_path):
     started = time.perf_counter()
     workers = [
         subprocess.Popen(
-            [sys.executable, "-m", "training", "train", "--run-dir", str(tmp_path / "workers"), "--strategy",
+            [KERAS_PREACT, "train", "--run-dir", str(tmp_path / "workers"), "--strategy",
              "multi_worker", *common],
             cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=dict(environment, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})),
@@ -481,7 +482,7 @@ def test_help_configs_and_argument_errors_answer_without_tensorflow():
 
 
 def test_commands_print_no_tensorflow_log_lines(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "training", "evaluate", "--model", "resnet20", "--weights",
+    result = subprocess.run([KERAS_PREACT, "evaluate", "--model", "resnet20", "--weights",
                              str(tmp_path / "missing.weights.h5"), "--data-dir", str(tmp_path)], cwd=ROOT,
                             capture_output=True, text=True, timeout=300,
                             env={name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"})

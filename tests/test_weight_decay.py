@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import keras_preact as kp
-from training import recipe
+from keras_preact_training import recipe
 from tests.conftest import gradients, random_images
 
 LEARNING_RATE, MOMENTUM = 0.1, 0.9
@@ -107,7 +107,7 @@ def test_coupled_sgd_equals_keras_sgd_on_the_regularization_loss(momentum, neste
 def test_a_checkpoint_of_keras_sgd_resumes_with_coupled_sgd(tmp_path):
     """Runs checkpointed before the recipe's optimizer became `CoupledSGD` resume: the
     optimizer variables keep their paths, and every momentum and the step count restore."""
-    from training import loop
+    from keras_preact_training import loop
 
     before = tiny_network(DECAY)
     # "sgd": the name of a training process's one SGD (later ones in a process are "sgd_1", ...).
@@ -136,7 +136,7 @@ def test_the_training_loops_step_traces_one_fused_update_per_weight_and_no_l2_lo
 
     import tensorflow as tf
 
-    from training import loop
+    from keras_preact_training import loop
 
     def traced_operations(model, optimizer):
         optimizer.build(model.trainable_variables)
@@ -159,3 +159,42 @@ def test_the_training_loops_step_traces_one_fused_update_per_weight_and_no_l2_lo
                                 if operation.type == "ReadVariableOp")
     assert max(reads.values()) == 2  # a weight: in the network and for its decay; the rate: once
     assert coupled["Identity"] < weights // 4
+
+
+# Keras' private optimizer methods that `recipe.CoupledSGD` overrides or calls, with the
+# parameters it passes (pyproject pins Keras below 3.16 for them): a Keras release that
+# renames or reshapes one fails here, by name, before any training silently falls back
+# to another path.
+PRIVATE_OPTIMIZER_METHODS = {
+    "_backend_update_step": ["self", "grads", "trainable_variables", "learning_rate"],
+    "_var_key": ["self", "variable"],
+    "_get_variable_index": ["self", "variable"],
+}
+
+
+def test_the_private_keras_methods_coupled_sgd_relies_on_are_as_it_expects():
+    import inspect
+
+    for name, parameters in PRIVATE_OPTIMIZER_METHODS.items():
+        method = getattr(keras.optimizers.SGD, name, None)
+        assert method is not None, f"Keras {keras.__version__} has no Optimizer.{name}: update recipe.CoupledSGD"
+        received = list(inspect.signature(method).parameters)
+        assert received == parameters, f"Keras {keras.__version__}'s Optimizer.{name}{received}: update recipe.CoupledSGD"
+
+
+def test_keras_calls_coupled_sgds_update_pass_on_every_step(monkeypatch):
+    """The one-pass update replaces Keras' own where Keras' apply() still calls the method."""
+    calls = []
+    original = recipe.CoupledSGD._backend_update_step
+
+    def counted(self, grads, trainable_variables, learning_rate):
+        calls.append(len(grads))
+        return original(self, grads, trainable_variables, learning_rate)
+
+    monkeypatch.setattr(recipe.CoupledSGD, "_backend_update_step", counted)
+    model = tiny_network(DECAY)
+    optimizer = recipe.CoupledSGD(LEARNING_RATE, momentum=MOMENTUM)
+    optimizer.take_weight_decay(model)
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), run_eagerly=True)
+    model.train_on_batch(INPUTS, LABELS)
+    assert calls == [len(model.trainable_variables)]

@@ -1,1 +1,1 @@
-"""Training, under tf.distribute, with the paper's recipe: `python -m training --help`."""
+"""Training, under tf.distribute, with the paper's recipe: `keras-preact --help`."""

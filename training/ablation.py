@@ -1,4 +1,4 @@
-"""`python -m training ablate --table 1|2|3`: the paper's Tables 1-3, trained and set beside its figures.
+"""`keras-preact ablate --table 1|2|3`: the paper's Tables 1-3, trained and set beside its figures.
 
 Each table is data: rows (variants, as `Config` overrides) and the networks and data
 sets they run on, with the paper's test error for each cell. The runner trains every
@@ -20,7 +20,7 @@ import os
 import re
 import statistics
 
-from training import configs, files, plots
+from . import configs, files, plots
 
 # The paper reports a run whose test error exceeds 20 % as "fail" (Table 1).
 FAIL_ERROR = 20.0
@@ -158,7 +158,7 @@ def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(),
     Raises:
         ValueError: for an unknown table, a bad override or model.
     """
-    from training import loop
+    from . import loop
 
     if table_number not in TABLES:
         raise ValueError(f"table must be one of {sorted(TABLES)}. Received: table={table_number!r}")

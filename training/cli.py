@@ -1,19 +1,19 @@
-"""`python -m training`: train keras-preact networks with the paper's recipe.
+"""`keras-preact`: train keras-preact networks with the paper's recipe.
 
-    python -m training train --config digits_demo                 # the main job, offline
-    python -m training train --config cifar10_paper --set model=resnet164 --seeds 5
-    python -m training train --config cifar10_paper --data-dir ~/tensorflow_datasets \\
+    keras-preact train --config digits_demo                 # the main job, offline
+    keras-preact train --config cifar10_paper --set model=resnet164 --seeds 5
+    keras-preact train --config cifar10_paper --data-dir ~/tensorflow_datasets \\
         --strategy mirrored --set batch_size=256
-    python -m training configs                                    # the configs and their fields
-    python -m training evaluate --model resnet20 --weights cifar10 --data-dir DIR   # test error, per class
-    python -m training zoo                                        # the shipped networks and their errors
-    python -m training compare RUN_DIR RUN_DIR                    # error against hours, side by side
-    python -m training export --run-dir runs/demo                 # a SavedModel for TF Serving
-    python -m training export --model resnet20 --weights cifar10 --images docs/cifar10/*.jpg   # shipped weights
-    python -m training serve saved_models/cifar10_resnet20        # TF Serving's REST API, locally
-    python -m training query --model cifar10_resnet20 docs/cifar10/cat_0000.jpg    # top-k classes from a server
-    python -m training tune --config cifar10_paper --data-dir ~/tensorflow_datasets   # Table 1's b_g search
-    python -m training ablate --table 2 --models resnet20 --set duration=2000      # Table 2, small budget
+    keras-preact configs                                    # the configs and their fields
+    keras-preact evaluate --model resnet20 --weights cifar10 --data-dir DIR   # test error, per class
+    keras-preact zoo                                        # the shipped networks and their errors
+    keras-preact compare RUN_DIR RUN_DIR                    # error against hours, side by side
+    keras-preact export --run-dir runs/demo                 # a SavedModel for TF Serving
+    keras-preact export --model resnet20 --weights cifar10 --images docs/cifar10/*.jpg   # shipped weights
+    keras-preact serve saved_models/cifar10_resnet20        # TF Serving's REST API, locally
+    keras-preact query --model cifar10_resnet20 docs/cifar10/cat_0000.jpg    # top-k classes from a server
+    keras-preact tune --config cifar10_paper --data-dir ~/tensorflow_datasets   # Table 1's b_g search
+    keras-preact ablate --table 2 --models resnet20 --set duration=2000      # Table 2, small budget
 """
 
 import argparse
@@ -30,10 +30,10 @@ WITHOUT_TENSORFLOW = ("configs", "compare", "query")
 
 
 def parser():
-    from training import configs, defaults
+    from . import configs, defaults
 
     main = argparse.ArgumentParser(
-        prog="python -m training", description=__doc__.split("\n\n")[0],
+        prog="keras-preact", description=__doc__.split("\n\n")[0],
         epilog="\n".join(__doc__.split("\n")[2:]), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common = argparse.ArgumentParser(add_help=False)
@@ -52,7 +52,7 @@ def parser():
     train.add_argument("--config", default="digits_demo", help=f"one of {sorted(configs.CONFIGS)} (default: digits_demo)")
     train.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                        help="override a config field, e.g. --set model=resnet164 --set batch_size=64 "
-                       "(repeatable; `python -m training configs` lists the fields)")
+                       "(repeatable; `keras-preact configs` lists the fields)")
     train.add_argument("--model", help="shortcut for --set model=NAME")
     train.add_argument("--data-dir", help="tensorflow-datasets data directory, or the root of an image folder")
     train.add_argument("--strategy", choices=["default", "one_device", "mirrored", "multi_worker", "tpu"],
@@ -110,7 +110,7 @@ def parser():
         "and register it (SHA-256, test error of the saved file, the run's config, command and hours), so that "
         "keras_preact.get_model(name, weights='cifar10') loads it.",
     )
-    publish.add_argument("--run-dir", required=True, help="a finished run of `python -m training train`")
+    publish.add_argument("--run-dir", required=True, help="a finished run of `keras-preact train`")
     publish.add_argument("--name", required=True, help="the network's name, e.g. resnet20 or resnet20_original")
     publish.add_argument("--data-dir", help="the run's data, to evaluate the saved file (default: the run's)")
     command(
@@ -124,7 +124,7 @@ def parser():
         "validation split): write time_to_accuracy.png (error against training hours) and comparison.md "
         "(final error, hours, hours to come within a point of the best) to --output.",
     )
-    compare.add_argument("run_dirs", nargs="+", help="finished runs of `python -m training train`")
+    compare.add_argument("run_dirs", nargs="+", help="finished runs of `keras-preact train`")
     compare.add_argument("--output", default=os.path.join("runs", "compare"), help="default: runs/compare")
     compare.add_argument("--images-per-second", type=float,
                          help="the runs' measured training rate on this machine, for their hours (default: "
@@ -137,7 +137,7 @@ def parser():
         "metadata.json; reload it and print its classes for --images, or else for the first test image of the "
         "run's data.",
     )
-    export_parser.add_argument("--run-dir", help="a finished run of `python -m training train`")
+    export_parser.add_argument("--run-dir", help="a finished run of `keras-preact train`")
     export_parser.add_argument("--model", help="a network with shipped weights, e.g. resnet20 (with --weights)")
     export_parser.add_argument("--weights", choices=["cifar10"], help="the shipped weights of --model")
     export_parser.add_argument("--images", nargs="+", metavar="IMAGE",
@@ -232,7 +232,7 @@ def add_config_arguments(command, default_model):
 
 
 def config_from(arguments):
-    from training import configs
+    from . import configs
 
     overrides = list(arguments.set)
     for flag, field in (("model", "model"), ("data_dir", "data_dir"), ("strategy", "strategy")):
@@ -247,7 +247,7 @@ def config_from(arguments):
 
 
 def train_seeds(config, run_dir, seeds, command=None, allow_config_changes=False):
-    from training import loop
+    from . import loop
 
     loop.configure(config)
     summaries = []
@@ -272,18 +272,18 @@ def main(argv=None):
         import_tensorflow(arguments.verbose)
     try:
         if arguments.command == "configs":
-            from training import configs
+            from . import configs
 
             names = [arguments.name] if arguments.name else list(configs.CONFIGS)
             print("\n\n".join("\n".join(configs.describe(name, every_field=bool(arguments.name))) for name in names))
             return 0
         if arguments.command == "zoo":
-            from training import zoo
+            from . import zoo
 
             print(zoo.markdown_table())
             return 0
         if arguments.command == "diagnose":
-            from training import diagnose
+            from . import diagnose
 
             diagnose.diagnose(arguments.output, arguments.depths, arguments.depth, arguments.batch_size,
                               arguments.data_dir, arguments.seed)
@@ -295,14 +295,14 @@ def main(argv=None):
         run_dir = arguments.run_dir or os.path.join("runs", f"{arguments.config}-{config.model}")
         if arguments.seeds < 1:
             raise ValueError(f"--seeds must be at least 1. Received: --seeds {arguments.seeds}")
-        command = "python -m training " + shlex.join(sys.argv[1:] if argv is None else argv)
+        command = "keras-preact " + shlex.join(sys.argv[1:] if argv is None else argv)
         train_seeds(config, run_dir, arguments.seeds, command, arguments.allow_config_changes)
         return 0
     except Exception as error:
         # Bad input exits with 2, a diverged run with 3, a run whose checkpoints are all
         # unreadable with 4, each with its message alone (only a
         # command that trains has imported the loop).
-        loop = sys.modules.get("training.loop")
+        loop = sys.modules.get(f"{__package__}.loop")
         exit_codes = {ValueError: 2, FileNotFoundError: 2, FileExistsError: 2, ConnectionError: 2, ImportError: 2,
                       **({loop.TrainingDiverged: 3, loop.CheckpointsUnreadable: 4} if loop else {})}
         code = next((code for kind, code in exit_codes.items() if isinstance(error, kind)), None)
@@ -339,7 +339,7 @@ def import_tensorflow(verbose):
 
 
 def evaluate_command(arguments):
-    from training import evaluate
+    from . import evaluate
 
     result = evaluate.evaluate(arguments.model, arguments.weights, arguments.dataset, arguments.data_dir,
                                arguments.batch_size, arguments.flip)
@@ -348,7 +348,7 @@ def evaluate_command(arguments):
 
 
 def publish_command(arguments):
-    from training import zoo
+    from . import zoo
 
     entry = zoo.publish(arguments.run_dir, arguments.name, arguments.data_dir)
     print(f"Published {arguments.name}: {entry['file']} ({entry['bytes'] / 2**20:.1f} MB, sha256 "
@@ -357,7 +357,7 @@ def publish_command(arguments):
 
 
 def compare_command(arguments):
-    from training import compare
+    from . import compare
 
     table = compare.compare(arguments.run_dirs, arguments.output, arguments.images_per_second)
     for row in table:
@@ -369,7 +369,7 @@ def compare_command(arguments):
 
 def export_command(arguments):
     """Exports a run or shipped weights, reloads the SavedModel and prints its classes of images."""
-    from training import export
+    from . import export
 
     if (arguments.run_dir is None) == (arguments.model is None) or (arguments.model is None) != (
             arguments.weights is None):
@@ -408,7 +408,7 @@ def export_command(arguments):
 
 
 def serve_command(arguments):
-    from training import serve
+    from . import serve
 
     serve.serve(arguments.model_dir, arguments.host, arguments.port, arguments.max_batch, arguments.verbose,
                 arguments.max_in_flight, arguments.request_timeout, arguments.batching, arguments.runtime)
@@ -416,7 +416,7 @@ def serve_command(arguments):
 
 
 def query_command(arguments):
-    from training import client
+    from . import client
 
     predictions = client.query(arguments.server, arguments.model, arguments.images, top_k=arguments.top_k)
     client.print_predictions(arguments.images, predictions)
@@ -424,7 +424,7 @@ def query_command(arguments):
 
 
 def tune_command(arguments):
-    from training import loop, tune
+    from . import loop, tune
 
     config = config_from(arguments)
     loop.configure(config)
@@ -435,7 +435,7 @@ def tune_command(arguments):
 
 
 def ablate_command(arguments):
-    from training import ablation
+    from . import ablation
 
     ablation.run(arguments.table, arguments.output, arguments.seeds, arguments.models, arguments.datasets,
                  arguments.set, arguments.data_dir)

@@ -1,6 +1,6 @@
-"""A client of TF Serving's REST API (and of `python -m training serve`): standard library only.
+"""A client of TF Serving's REST API (and of `keras-preact serve`): standard library only.
 
-    python -m training query --model cifar10_resnet20 docs/cifar10/cat_0000.jpg --top-k 3
+    keras-preact query --model cifar10_resnet20 docs/cifar10/cat_0000.jpg --top-k 3
 """
 
 import base64
@@ -34,7 +34,7 @@ def query(server, model, paths, signature="serving_default", top_k=None, timeout
         raise ValueError(f"{url} answered {error.code}: {answer(url, error.code, error.read()).get('error')}") from None
     except urllib.error.URLError as error:
         raise ConnectionError(f"No server answers at {url}: {error.reason}. Start one with "
-                              f"`python -m training serve saved_models/{model}`.") from None
+                              f"`keras-preact serve saved_models/{model}`.") from None
     if not isinstance(predictions, list) or len(predictions) != len(paths) or not all(
             isinstance(prediction, dict) and {"classes", "scores"} <= set(prediction) for prediction in predictions):
         raise ValueError(f"{url} answered without a prediction (classes and scores) for each of the {len(paths)} "

@@ -1,4 +1,4 @@
-"""`python -m training compare`: finished runs side by side, error against training hours.
+"""`keras-preact compare`: finished runs side by side, error against training hours.
 
 Used to pick the zoo's schedule (issue 12): runs of the same network under different
 schedules, each evaluated on a validation split held out of the training set, compared on
@@ -10,7 +10,7 @@ else the run's own logged hours.
 
 import os
 
-from training import files, plots
+from . import files, plots
 
 # "Close to the best": within this many points of the lowest final error of the runs compared.
 MARGIN_POINTS = 1.0
@@ -32,7 +32,7 @@ def compare(run_dirs, output, images_per_second=None):
     """Writes `time_to_accuracy.png` and `comparison.md` to `output`; returns the table's rows.
 
     Args:
-        run_dirs: finished runs of `python -m training train`.
+        run_dirs: finished runs of `keras-preact train`.
         output: folder for the plot and the table.
         images_per_second: the measured training rate of the runs' network on this machine
             (default: each run's own logged hours).

@@ -181,7 +181,7 @@ class Config:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field} must be a positive integer. Received: {field}={value!r}")
         if self.unit is not None:
-            from keras_preact import units  # here: configs import without Keras (`python -m training configs`)
+            from keras_preact import units  # here: configs import without Keras (`keras-preact configs`)
 
             if self.unit not in units.UNITS:
                 raise ValueError(f"unit must be None (the model's) or one of {sorted(units.UNITS)}. "
@@ -295,43 +295,43 @@ CONFIGS = {
     ),
 }
 # What each config is for, the paper's result for it, and the command that runs it
-# (`python -m training configs` prints them).
+# (`keras-preact configs` prints them).
 ABOUT = {
     "cifar10_paper": dict(
         purpose="The paper's CIFAR-10 recipe (appendix): SGD momentum 0.9, lr 0.1 (0.01 for the first 400 "
                 "iterations), /10 at 32k and 48k iterations, 64k in all, batch 128, weight decay 1e-4, 4-pixel "
                 "crops and flips.",
         paper="Table 3: ResNet-110 6.37 %, ResNet-164 5.46 % test error.",
-        command="python -m training train --config cifar10_paper --set model=resnet164"),
+        command="keras-preact train --config cifar10_paper --set model=resnet164"),
     "cifar100_paper": dict(
         purpose="The same recipe on CIFAR-100.",
         paper="Table 3: ResNet-164 24.33 %, ResNet-1001 22.71 % test error.",
-        command="python -m training train --config cifar100_paper --set model=resnet164"),
+        command="keras-preact train --config cifar100_paper --set model=resnet164"),
     "cifar10_resnet1001_torch": dict(
         purpose="The official Torch code's ResNet-1001 run (resnet-1k-layers): batch 64, Nesterov, 200 epochs, "
                 "/10 at epochs 81 and 122, lr 0.1 at batch 64, no warm-up; units 2-111 of each stage as one loop.",
         paper="Table 4: 4.62 % (4.69 +- 0.20) test error on CIFAR-10.",
-        command="python -m training train --config cifar10_resnet1001_torch"),
+        command="keras-preact train --config cifar10_resnet1001_torch"),
     "imagenet_paper": dict(
         purpose="ImageNet (Section 5, and fb.resnet.torch): lr 0.1, /10 at epochs 30 and 60, batch 256, 90 epochs; "
                 "scale augmentation, 224x224 crops, flips.",
         paper="Table 5 (320x320 test crop): pre-activation ResNet-200 20.7 % / 5.3 % top-1 / top-5 error; "
               "20.1 % / 4.8 % with scale and aspect-ratio augmentation.",
-        command="python -m training train --config imagenet_paper --set data_dir=/data/tfds"),
+        command="keras-preact train --config imagenet_paper --set data_dir=/data/tfds"),
     "cifar10_cpu": dict(
         purpose="The zoo's recipe on a CPU (keras_preact/weights): the paper's CIFAR-10 recipe on CIFAR-10 as JPEG "
                 "folders, lr 0.1 after a first epoch at 0.01, the schedule shortened to 30 epochs (the paper: 164), "
                 "/10 at half and three quarters of it as the paper's 32k and 48k of 64k; the zoo trains it with "
                 "--set schedule=cosine, chosen on a validation split (README, Model zoo).",
         paper="He et al. 2015, Table 6 (164 epochs): ResNet-20 8.75 %, ResNet-56 6.97 % test error.",
-        command="python -m training train --config cifar10_cpu --model resnet20 --set schedule=cosine "
+        command="keras-preact train --config cifar10_cpu --model resnet20 --set schedule=cosine "
                 "--data-dir ~/.cache/keras-preact/cifar10-jpeg"),
     "digits_demo": dict(
         purpose="The main job: a pre-activation ResNet-20 on scikit-learn's 8x8 handwritten digits, offline, about "
                 "a minute on 2 CPU cores. One-pixel crops, no flips (a flipped digit is another symbol); the CIFAR "
                 "schedule squeezed into 40 epochs.",
         paper="None: the digits are not in the paper.",
-        command="python -m training train --config digits_demo"),
+        command="keras-preact train --config digits_demo"),
 }
 
 

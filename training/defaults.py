@@ -1,6 +1,6 @@
 """The command line's defaults, each in its one home here.
 
-This module imports nothing heavy, so that `python -m training --help`, `configs` and
+This module imports nothing heavy, so that `keras-preact --help`, `configs` and
 argument errors answer without importing TensorFlow; the modules that use each value
 import it from here (`export.DEFAULT_TOP_K` is this `DEFAULT_TOP_K`).
 """

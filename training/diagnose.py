@@ -1,4 +1,4 @@
-"""`python -m training diagnose`: the paper's propagation argument, measured and drawn.
+"""`keras-preact diagnose`: the paper's propagation argument, measured and drawn.
 
 Builds networks at initialisation, runs a batch of real images through them in
 training mode, and writes to the output directory:
@@ -62,7 +62,7 @@ def real_images(count, data_dir=None):
     """`count` real images as CIFAR networks take them (32x32x3, standardised) and labels:
     CIFAR-10 test images from an image folder, or else the embedded digits scaled up."""
     if data_dir:
-        from training import configs, data
+        from . import configs, data
 
         config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={data_dir}")
         images, labels = next(iter(data.evaluation_batches(data.load(config).test, 10000)))

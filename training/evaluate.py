@@ -1,4 +1,4 @@
-"""`python -m training evaluate`: the test error and per-class accuracy of a trained network.
+"""`keras-preact evaluate`: the test error and per-class accuracy of a trained network.
 
 The network is built with `include_preprocessing=True` (it takes 0-255 pixels and
 normalises them with CIFAR-10's statistics, as the CIFAR configs train) and loads either
@@ -15,8 +15,8 @@ import time
 import numpy as np
 
 import keras_preact
-from training import configs, data
-from training.defaults import EVALUATION_BATCH_SIZE
+from . import configs, data
+from .defaults import EVALUATION_BATCH_SIZE
 
 
 

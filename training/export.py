@@ -35,8 +35,8 @@ import tensorflow as tf
 
 import keras_preact
 from keras_preact import pretrained
-from training import configs, data, files, recipe
-from training.defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS
+from . import configs, data, files, recipe
+from .defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS
 
 SIGNATURES = ("serving_default", "predict_pixels", "predict_normalized")
 OUTPUTS = ("logits", "probabilities", "class_ids", "classes", "scores")
@@ -397,7 +397,7 @@ def latest_version(directory, kind="saved_model"):
     if not found:
         how = "" if kind == "saved_model" else " --format onnx (or all)"
         raise FileNotFoundError(f"No version folder with {'a SavedModel' if kind == 'saved_model' else 'ONNX models'} "
-                                f"(<directory>/<number>/{marker}) in {directory}. Export one with `python -m training "
+                                f"(<directory>/<number>/{marker}) in {directory}. Export one with `keras-preact "
                                 f"export{how}`. Received: {directory!r}")
     return os.path.join(directory, str(found[-1]))
 
@@ -417,7 +417,7 @@ def directory_megabytes(path):
 
 def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k=DEFAULT_TOP_K, verbose=True,
                formats=("saved_model",), fold_batch_norms=True):
-    """Exports the model a `python -m training train` run saved, with its run's facts.
+    """Exports the model a `keras-preact train` run saved, with its run's facts.
 
     The run's `model.keras` is the training model (augmentation, normalisation, network);
     its normalisation layer and network are exported. The name defaults to
@@ -430,7 +430,7 @@ def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k
     model_path, summary_path = (os.path.join(run_dir, file) for file in ("model.keras", "summary.json"))
     if not (os.path.exists(model_path) and os.path.exists(summary_path)):
         raise FileNotFoundError(f"{run_dir} holds no finished training run (model.keras and summary.json); train "
-                                f"with `python -m training train --run-dir {run_dir}` first. Received: {run_dir!r}")
+                                f"with `keras-preact train --run-dir {run_dir}` first. Received: {run_dir!r}")
     summary = files.read_json(summary_path, "train the run again, or restore the file")
     config = run_config(summary)
     try:

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_preact import blocks, stacked
-from training import configs, data, files, plots, recipe
+from . import configs, data, files, plots, recipe
 
 # test_* or validation_*: the split a run evaluates on (`Config.validation_examples`); hours: of
 # training steps, summed over the sessions of a resumed run.
@@ -59,7 +59,6 @@ def configure(config):
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     keras.config.set_dtype_policy(config.precision)
-    blocks.FUSED_ON_TENSORFLOW = config.fused_batch_norm
 
 
 def make_strategy(config):

@@ -14,6 +14,7 @@ import keras
 from keras import ops
 
 import keras_preact
+from keras_preact import blocks
 from keras_preact.pretrained import normalization
 
 
@@ -300,11 +301,12 @@ MERGES = {
 
 
 def network_of(config, input_shape, classes):
-    """The network of `config` (model, unit, shortcut, merge, rematerialization, loop), ending in logits."""
+    """The network of `config` (model, unit, shortcut, merge, rematerialization, loop, BatchNorm's
+    path), ending in logits."""
     options = {} if config.unit is None else dict(unit=config.unit)
     if config.shortcut != "identity":
         options["shortcut"] = config.shortcut
-    return keras_preact.get_model(
+    network = keras_preact.get_model(
         config.model,
         input_shape=input_shape,
         classes=classes,
@@ -316,6 +318,8 @@ def network_of(config, input_shape, classes):
         merge=MERGES[config.merge](config),
         **options,
     )
+    blocks.set_fused(network, config.fused_batch_norm)
+    return network
 
 
 def loss(label_smoothing=0.0, reduction="sum_over_batch_size"):

@@ -1,7 +1,7 @@
 """A server that speaks TF Serving's REST API, on uvicorn, and a client for it.
 
-    python -m training serve saved_models/<name> [--port 8501]
-    python -m training query --model <name> image.jpg ...   (training.client)
+    keras-preact serve saved_models/<name> [--port 8501]
+    keras-preact query --model <name> image.jpg ...   (training.client)
 
 The server (this module) loads the highest version of a model folder, as TF Serving does, and answers
 
@@ -53,8 +53,8 @@ from PIL import Image
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from keras_preact import pretrained
-from training import export
-from training.defaults import DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT
+from . import export
+from .defaults import DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT
 
 # The largest request body read: 64 encoded 224 x 224 JPEGs take about 2 MB.
 MAX_BODY_BYTES = 64 * 2**20

@@ -1,4 +1,4 @@
-"""`python -m training tune`: the paper's gate-bias search (Table 1) with keras-tuner.
+"""`keras-preact tune`: the paper's gate-bias search (Table 1) with keras-tuner.
 
 The paper initialises the gates' bias b_g of exclusive gating (Fig. 2(c)) and
 shortcut-only gating (Fig. 2(d)) at values "from 0 to -10 with a decrement step of -1 on
@@ -26,8 +26,8 @@ import keras_tuner
 import numpy as np
 import tensorflow as tf
 
-from training import ablation, configs, data, loop, recipe
-from training.defaults import DEFAULT_VALIDATION_EXAMPLES, GATINGS
+from . import ablation, configs, data, loop, recipe
+from .defaults import DEFAULT_VALIDATION_EXAMPLES, GATINGS
 
 # b_g from 0 to -10 in steps of -1 (paper, Section 3.1).
 GATE_BIASES = tuple(range(0, -11, -1))

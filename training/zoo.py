@@ -1,9 +1,9 @@
-"""`python -m training publish`: a finished CIFAR-10 run into the model zoo.
+"""`keras-preact publish`: a finished CIFAR-10 run into the model zoo.
 
 Writes the run's network as `keras_preact/weights/cifar10_<name>.weights.h5` (units as
 separate layers, whatever layout it trained in) and its entry in the registry
 (`keras_preact/weights/registry.json`): the file's SHA-256 and size, the network, its
-test error as `python -m training evaluate` measures it on the shipped file (which must
+test error as `keras-preact evaluate` measures it on the shipped file (which must
 agree with the run's own final evaluation) and with the test-time flip, the run's config,
 command as a user types it (`user_command`) and hours, the date and the library versions.
 Then `keras_preact.get_model(name, weights="cifar10")` loads it.
@@ -20,7 +20,7 @@ import numpy as np
 
 import keras_preact
 from keras_preact import pretrained
-from training import evaluate, files, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
+from . import evaluate, files, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
 # Published CIFAR-10 test errors (%) of each zoo network, for the zoo's table: He et al. 2015
 # ("Deep Residual Learning for Image Recognition", the paper's [1]), Table 6 (original units,
@@ -106,7 +106,7 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
     """Publishes the network of the finished run in `run_dir` as `name`'s CIFAR-10 weights.
 
     Args:
-        run_dir: a finished run of `python -m training train` on CIFAR-10 (all 50,000
+        run_dir: a finished run of `keras-preact train` on CIFAR-10 (all 50,000
             training images, tested on the test set).
         name: the network's name in `keras_preact.list_models()` ("resnet20", "resnet20_original", ...).
         data_dir: the run's data directory (CIFAR-10 JPEG folders or tensorflow-datasets'),

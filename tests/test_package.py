@@ -1,0 +1,51 @@
+"""What `pip install keras-preact` puts into site-packages: the library, the training code
+under a name of its own, and the `keras-preact` console command (pyproject.toml)."""
+
+import os
+import subprocess
+import sys
+import zipfile
+
+from tests.conftest import KERAS_PREACT, ROOT
+
+SUBCOMMANDS = ("train", "configs", "diagnose", "evaluate", "publish", "zoo", "compare", "export", "serve", "query",
+               "tune", "ablate")
+
+
+def build_wheel(folder):
+    """The wheel pip would install, built from the repository (no network: this Python's setuptools)."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps",
+                    "--no-build-isolation", ROOT, "-w", str(folder)], check=True, capture_output=True)
+    (wheel,) = [name for name in os.listdir(folder) if name.endswith(".whl")]
+    return os.path.join(folder, wheel)
+
+
+def test_the_wheel_installs_no_top_level_training_module_and_the_console_command(tmp_path):
+    with zipfile.ZipFile(build_wheel(tmp_path)) as wheel:
+        names = wheel.namelist()
+        entry_points = wheel.read(next(name for name in names if name.endswith(".dist-info/entry_points.txt")))
+    top_level = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert top_level == {"keras_preact", "keras_preact_training"}
+    assert "keras_preact_training/serve.py" in names and "keras_preact/weights/registry.json" in names
+    assert "keras-preact = keras_preact_training.cli:main" in entry_points.decode()
+
+
+def test_a_users_own_training_module_and_the_package_do_not_shadow_each_other(tmp_path):
+    """From a folder holding the user's training.py, `import training` is theirs and the
+    console command still runs ours."""
+    (tmp_path / "training.py").write_text("WHOSE = 'the user'\n")
+    theirs = subprocess.run([sys.executable, "-c", "import training, keras_preact_training.configs as ours; "
+                             "print(training.WHOSE, sorted(ours.CONFIGS)[0])"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert theirs.returncode == 0, theirs.stderr
+    assert theirs.stdout.split() == ["the", "user", "cifar100_paper"]
+    result = subprocess.run([KERAS_PREACT, "--help"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: keras-preact")
+    assert all(subcommand in result.stdout for subcommand in SUBCOMMANDS)
+
+
+def test_the_console_command_answers_configs_from_anywhere(tmp_path):
+    result = subprocess.run([KERAS_PREACT, "configs"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "keras-preact train --config digits_demo" in result.stdout

@@ -64,6 +64,7 @@ class RandomPaddedCrop(keras.layers.Layer):
         return config
 
 
+@keras.saving.register_keras_serializable(package="keras_preact_training")
 class WarmupPiecewiseDecay(keras.optimizers.schedules.LearningRateSchedule):
     """A constant learning rate divided by `decay_factor` at each boundary, after a warm-up.
 
@@ -105,6 +106,7 @@ class WarmupPiecewiseDecay(keras.optimizers.schedules.LearningRateSchedule):
         )
 
 
+@keras.saving.register_keras_serializable(package="keras_preact_training")
 class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
     """A warm-up at a constant rate, then half a cosine from `learning_rate` down to 0.
 
@@ -153,6 +155,7 @@ def schedule(config, steps_per_epoch):
     )
 
 
+@keras.saving.register_keras_serializable(package="keras_preact_training")
 class CoupledSGD(keras.optimizers.SGD):
     """Keras' SGD with momentum (v <- m v - lr g; w <- w + v, as Caffe's), taking over
     the network's weight decay as Caffe and Torch apply it: g <- g + decay w, before the

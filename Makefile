@@ -4,11 +4,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-tensorflow test-jax clean
+.PHONY: demo test test-tensorflow test-jax test-torch clean
 
+# PyTorch's CPU build first, from its own index (PyPI's build brings CUDA's libraries).
 $(VENV)/installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[training,test]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "torch>=2.4" --index-url https://download.pytorch.org/whl/cpu
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[training,test,torch]"
 	touch $@
 
 # Trains a pre-activation ResNet-20 on the digits shipped with scikit-learn (offline,
@@ -22,16 +24,20 @@ demo: $(VENV)/installed
 	$(BIN)/keras-preact export --run-dir runs/demo
 	$(BIN)/keras-preact export --model resnet20 --weights cifar10 --images docs/cifar10/*.jpg
 
-# Every test on TensorFlow, then the library's tests again on JAX (the largest networks
-# and TensorFlow-only tests left out there). pytest's exit code 5, no test collected,
-# fails the target like any other error.
-test: test-tensorflow test-jax
+# Every test on TensorFlow (the documentation site's strict build included), then the
+# library's tests again on JAX and on PyTorch (the largest networks and TensorFlow-only
+# tests left out there). pytest's exit code 5, no test collected, fails the target like
+# any other error.
+test: test-tensorflow test-jax test-torch
 
 test-tensorflow: $(VENV)/installed
 	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest
 
 test-jax: $(VENV)/installed
 	KERAS_BACKEND=jax $(BIN)/python -m pytest -m "not large and not tensorflow and not slow" -p no:cacheprovider
+
+test-torch: $(VENV)/installed
+	KERAS_BACKEND=torch $(BIN)/python -m pytest -m "not large and not tensorflow and not slow" -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,7 +1,7 @@
-"""The same training step and inference on Keras' TensorFlow and JAX backends.
+"""The same training step and inference on Keras' TensorFlow, JAX and PyTorch backends.
 
     python bench/backends.py                                  # resnet20 resnet164, batch 128
-    python bench/backends.py --models resnet20 --backends tensorflow jax --steps 10
+    python bench/backends.py --models resnet20 --backends tensorflow jax torch --steps 10
 
 For each network and backend, in a fresh process (`KERAS_BACKEND` is read once, at
 import): seconds to build it, seconds from the first `train_on_batch` call to its end
@@ -9,7 +9,8 @@ import): seconds to build it, seconds from the first `train_on_batch` call to it
 (SGD with momentum 0.9, cross-entropy, the network's weight decay), and inference
 images/s (`predict_on_batch`, median of as many batches), on random 32x32 images. The
 network is built with the backend's defaults: on TensorFlow, BatchNorm's fused kernel;
-on JAX, the portable `keras.ops` path compiled by XLA.
+on JAX, the portable `keras.ops` path compiled by XLA; on PyTorch, the portable path run
+eagerly (Keras' torch trainer does not compile by default).
 """
 
 import argparse
@@ -57,7 +58,7 @@ def measure(name, batch, steps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["resnet20", "resnet164"])
-    parser.add_argument("--backends", nargs="+", default=["tensorflow", "jax"])
+    parser.add_argument("--backends", nargs="+", default=["tensorflow", "jax", "torch"])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--child", nargs=3, metavar=("MODEL", "BATCH", "STEPS"), help=argparse.SUPPRESS)
@@ -69,9 +70,10 @@ def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from training_throughput import machine
 
-    import jax
+    from importlib import metadata
 
-    print(f"machine: {machine()}, JAX {jax.__version__}")
+    versions = ", ".join(f"{package} {metadata.version(package)}" for package in ("tensorflow", "jax", "torch", "keras"))
+    print(f"machine: {machine()}; {versions}")
     print("| model | backend | batch | build s | first step s | step s | train img/s | infer img/s |")
     print("|---|---|---|---|---|---|---|---|")
     for name in arguments.models:

@@ -10,7 +10,7 @@ explodes with depth; gates and 1x1 convolutions do the same in a data-dependent 
 `propagation()` measures, for every unit of a network and a batch of images, the
 norms of its output, shortcut and residual, and of the gradients at its input and of
 its weights. `identity_mapping()` checks Eqns. 4-5 exactly on units whose residual
-branches are zeroed. Gradients need the TensorFlow or JAX backend.
+branches are zeroed. Gradients need the TensorFlow, JAX or PyTorch backend.
 
 Reference:
     He, Zhang, Ren, Sun. "Identity Mappings in Deep Residual Networks", ECCV 2016.
@@ -86,7 +86,7 @@ def propagation(model, images, labels, loss=None):
 
     Raises:
         ValueError: for a model that is not a chain or has no residual unit, or a
-            backend other than tensorflow and jax.
+            backend other than tensorflow, jax and torch.
     """
     model = models.separate_units(model)
     layers = models.chain_layers(model)
@@ -128,8 +128,8 @@ def propagation(model, images, labels, loss=None):
             residual_norm=_norm(residual),
             input_gradient_norm=_norm(input_gradient),
             # A weight the loss does not reach (a plain unit's unused projection) has no gradient.
-            weight_gradient_norm=math.sqrt(sum(float(np.sum(np.square(g))) for g in unit_weight_gradients
-                                               if g is not None)),
+            weight_gradient_norm=math.sqrt(sum(float(np.sum(np.square(keras.ops.convert_to_numpy(g))))
+                                               for g in unit_weight_gradients if g is not None)),
         ))
     return statistics
 
@@ -188,7 +188,7 @@ def shortcut_gains(units, inputs, training=True):
     """
     inputs = np.asarray(inputs, "float32")
     copies = _without_residuals(units, inputs.shape)
-    projection = np.random.default_rng(0).normal(size=inputs.shape).astype("float32")
+    projection = keras.ops.convert_to_tensor(np.random.default_rng(0).normal(size=inputs.shape).astype("float32"))
 
     def forward(probes):
         x, unit_inputs = keras.ops.convert_to_tensor(inputs), []
@@ -264,6 +264,10 @@ def _norm(tensor):
     return float(np.linalg.norm(array) / math.sqrt(array.shape[0]))
 
 
+# The backends whose automatic differentiation `_gradients` and `_jacobian` call.
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
 def _gradients(forward, variables, probes):
     """((d loss / d variables, d loss / d probes), (unit inputs, unit outputs)), statelessly."""
     backend = keras.backend.backend()
@@ -286,7 +290,17 @@ def _gradients(forward, variables, probes):
 
         gradients, signals = jax.grad(pure, argnums=(0, 1), has_aux=True)([v.value for v in variables], probes)
         return gradients, signals
-    raise ValueError(f"keras_preact.analysis computes gradients on the tensorflow and jax backends. Received: {backend}")
+    if backend == "torch":
+        import torch
+
+        probes = [keras.ops.convert_to_tensor(probe).requires_grad_() for probe in probes]
+        values = [variable.value for variable in variables]
+        with torch.enable_grad(), keras.StatelessScope():
+            loss, inputs, outputs = forward(probes)
+        gradients = torch.autograd.grad(loss, values + probes, allow_unused=True)
+        return (list(gradients[:len(values)]), list(gradients[len(values):])), (inputs, outputs)
+    raise ValueError(f"keras_preact.analysis computes gradients on the {' and '.join(BACKENDS)} backends. "
+                     f"Received: {backend}")
 
 
 def _jacobian(function, inputs):
@@ -310,4 +324,15 @@ def _jacobian(function, inputs):
                 return function(x)
 
         return np.asarray(jax.jacfwd(pure)(inputs)).reshape(size, size)
-    raise ValueError(f"keras_preact.analysis computes gradients on the tensorflow and jax backends. Received: {backend}")
+    if backend == "torch":
+        import torch
+
+        def stateless(x):
+            with keras.StatelessScope():
+                return function(x)
+
+        with torch.enable_grad():
+            jacobian = torch.autograd.functional.jacobian(stateless, keras.ops.convert_to_tensor(inputs))
+        return keras.ops.convert_to_numpy(jacobian).reshape(size, size)
+    raise ValueError(f"keras_preact.analysis computes gradients on the {' and '.join(BACKENDS)} backends. "
+                     f"Received: {backend}")

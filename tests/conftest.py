@@ -65,7 +65,13 @@ def gradients(model, inputs, loss_of_outputs, training=True):
 
         return [np.array(gradient) for gradient in
                 jax.grad(loss)([variable.value for variable in model.trainable_variables])]
-    pytest.skip(f"gradient helper written for tensorflow and jax, not {backend}")
+    import torch
+
+    values = [variable.value for variable in model.trainable_variables]
+    with torch.enable_grad():
+        loss = loss_of_outputs(model(inputs, training=training))
+        return [None if gradient is None else keras.ops.convert_to_numpy(gradient)
+                for gradient in torch.autograd.grad(loss, values, allow_unused=True)]
 
 
 def output_gradients(model, inputs, training=True, seed=0):
@@ -74,9 +80,9 @@ def output_gradients(model, inputs, training=True, seed=0):
     A random projection, not a plain sum: the sum of softmax outputs is constant and
     would give every weight a zero gradient.
     """
-    projection = np.random.default_rng(seed).normal(
+    projection = keras.ops.convert_to_tensor(np.random.default_rng(seed).normal(
         size=(inputs.shape[0],) + tuple(model.compute_output_shape(inputs.shape)[1:])
-    ).astype("float32")
+    ).astype("float32"))
     return gradients(model, inputs, lambda outputs: keras.ops.sum(outputs * projection), training)
 
 
@@ -105,7 +111,12 @@ def jacobian(layer, inputs, training=True):
             return model.stateless_call(trainable, non_trainable, x, training=training)[0]
 
         return np.array(jax.jacfwd(function)(inputs)).reshape(size, -1)
-    pytest.skip(f"jacobian helper written for tensorflow and jax, not {backend}")
+    import torch
+
+    with torch.enable_grad():
+        jacobian = torch.autograd.functional.jacobian(lambda x: layer(x, training=training),
+                                                      keras.ops.convert_to_tensor(inputs))
+    return keras.ops.convert_to_numpy(jacobian).reshape(size, -1)
 
 
 def config_round_trip(layer):

@@ -57,7 +57,7 @@ def test_propagation_matches_the_unit_outputs():
     model = kp.ResNet20()
     statistics = analysis.propagation(model, IMAGES[:4], LABELS[:4])
     features = keras.Model(model.input, model.get_layer("stage3_unit3").output)(IMAGES[:4], training=True)
-    expected = np.linalg.norm(np.array(features).astype("float64")) / 2.0
+    expected = np.linalg.norm(keras.ops.convert_to_numpy(features).astype("float64")) / 2.0
     assert statistics[-1].output_norm == pytest.approx(expected, rel=1e-4)
 
 

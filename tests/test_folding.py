@@ -37,7 +37,7 @@ def with_trained_statistics(model, seed=0):
 
 
 def inference(model, images):
-    return np.array(keras.ops.cast(model(images, training=False), "float32"))
+    return keras.ops.convert_to_numpy(keras.ops.cast(model(images, training=False), "float32"))
 
 
 # Every unit kind as separate units on every backend; as loops of bottleneck units on

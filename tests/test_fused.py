@@ -18,7 +18,7 @@ def network(unit, form="basic", **options):
 
 
 def weighted_sum(outputs):
-    return keras.ops.sum(keras.ops.cast(outputs, "float32") * np.arange(1, 11, dtype="float32"))
+    return keras.ops.sum(keras.ops.cast(outputs, "float32") * keras.ops.arange(1, 11, dtype="float32"))
 
 
 def one_step(model, images, fused):
@@ -27,10 +27,10 @@ def one_step(model, images, fused):
     the weights are put back after."""
     blocks.set_fused(model, fused)
     initial = model.get_weights()
-    outputs = [np.array(model(images, training=True), "float32")]
+    outputs = [keras.ops.convert_to_numpy(model(images, training=True)).astype("float32")]
     grads = gradients(model, images, weighted_sum)
     moving = [np.array(variable) for variable in stacked.moving_statistics(model)]
-    inference = [np.array(model(images, training=False), "float32")]
+    inference = [keras.ops.convert_to_numpy(model(images, training=False)).astype("float32")]
     model.set_weights(initial)
     return dict(outputs=outputs, gradients=grads, moving_statistics=moving, inference=inference)
 
@@ -137,7 +137,7 @@ def test_moving_variance_is_unbiased_on_every_path():
     for fused in (True, False):
         norm = blocks.batch_norm(0.0, "bn")
         norm.fused = fused
-        outputs = np.array(norm(images, training=True))
+        outputs = keras.ops.convert_to_numpy(norm(images, training=True))
         values = images.reshape(-1, 3)
         np.testing.assert_allclose(np.array(norm.moving_mean), 0.1 * values.mean(0), rtol=1e-5)
         np.testing.assert_allclose(np.array(norm.moving_variance), 0.9 + 0.1 * values.var(0, ddof=1), rtol=1e-5)
@@ -162,8 +162,8 @@ def test_float64_networks_train_and_equal_float32_to_rounding():
         double.set_weights([weight.astype("float64") for weight in single.get_weights()])
         assert {weight.dtype for weight in double.weights} == {"float64"}
         for training in (False, True):
-            expected = np.array(single(images, training=training))
-            received = np.array(double(images.astype("float64"), training=training))
+            expected = keras.ops.convert_to_numpy(single(images, training=training))
+            received = keras.ops.convert_to_numpy(double(images.astype("float64"), training=training))
             assert received.dtype == np.float64
             np.testing.assert_allclose(received, expected, atol=1e-5 * np.abs(expected).max())
         double.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")

@@ -79,7 +79,7 @@ def test_parameter_count(registered):
 
 def test_forward_is_finite_and_every_weight_gets_a_gradient(registered):
     _, model, inputs = registered
-    outputs = np.array(model(inputs, training=True))
+    outputs = keras.ops.convert_to_numpy(model(inputs, training=True))
     assert outputs.shape == (2, architecture_of(registered[0]).default_classes)
     assert np.all(np.isfinite(outputs))
     gradients = output_gradients(model, inputs)
@@ -96,7 +96,7 @@ def test_keras_save_and_load_give_identical_outputs(registered, tmp_path):
     model.save(path)
     restored = keras.saving.load_model(path)
     assert [layer.name for layer in restored.layers] == [layer.name for layer in model.layers]
-    np.testing.assert_array_equal(np.array(restored(inputs, training=False)), np.array(model(inputs, training=False)))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(restored(inputs, training=False)), keras.ops.convert_to_numpy(model(inputs, training=False)))
 
 
 def preactivation_cifar_parameters(architecture, classes=10):
@@ -167,7 +167,7 @@ def test_imagenet_bottleneck_strides_its_3x3_convolution():
 def test_every_unit_builds_a_network(unit):
     model = kp.ResNet20(unit=unit)
     assert {type(layer) for layer in model.layers if layer.name.startswith("stage")} == {units.UNITS[unit]}
-    assert np.all(np.isfinite(np.array(model(random_images((2, 32, 32, 3)), training=True))))
+    assert np.all(np.isfinite(keras.ops.convert_to_numpy(model(random_images((2, 32, 32, 3)), training=True))))
 
 
 @pytest.mark.parametrize(
@@ -202,7 +202,7 @@ def test_keras_applications_signature():
     assert kp.ResNet20(classes=100).output.shape == (None, 100)
     assert kp.ResNet20(input_shape=(None, None, 1)).output.shape == (None, 10)
     logits = kp.ResNet20(classifier_activation=None)(random_images((2, 32, 32, 3)))
-    assert not np.allclose(np.array(logits).sum(axis=1), 1.0)
+    assert not np.allclose(keras.ops.convert_to_numpy(logits).sum(axis=1), 1.0)
     images = keras.Input((40, 40, 3))
     model = kp.ResNet20(input_tensor=images, name="custom")
     assert model.name == "custom" and model.inputs[0] is images
@@ -215,7 +215,7 @@ def test_weights_from_a_file_reproduce_the_network(tmp_path):
     model.save_weights(path)
     reloaded = kp.ResNet20(weights=path)
     inputs = random_images((2, 32, 32, 3))
-    np.testing.assert_array_equal(np.array(reloaded(inputs)), np.array(model(inputs)))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(reloaded(inputs)), keras.ops.convert_to_numpy(model(inputs)))
 
 
 @pytest.mark.parametrize(

@@ -87,7 +87,7 @@ def test_without_the_top_every_weight_but_the_classifier_loads(shipped):
     assert "predictions" not in [layer.name for layer in headless.layers]
     images = random_images((2, 32, 32, 3), seed=1)
     features = keras.Model(trained.input, trained.get_layer("avg_pool").output)
-    np.testing.assert_allclose(np.array(headless(images)), np.array(features(images)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(headless(images)), keras.ops.convert_to_numpy(features(images)), rtol=1e-6, atol=1e-6)
     # A new classifier for another task on top: the usual transfer set-up.
     assert keras_preact.ResNet20(include_top=False, weights="cifar10").output_shape == (None, 8, 8, 64)
 
@@ -96,7 +96,7 @@ def test_units_as_loops_load_the_same_weights(shipped):
     trained, _ = shipped
     looped = keras_preact.ResNet20(scan_units=True, weights="cifar10")
     images = random_images((2, 32, 32, 3), seed=2)
-    np.testing.assert_allclose(np.array(looped(images)), np.array(trained(images)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(looped(images)), keras.ops.convert_to_numpy(trained(images)), rtol=1e-5, atol=1e-6)
 
 
 def test_include_preprocessing_equals_preprocess_input_and_the_plain_model(shipped):
@@ -104,14 +104,14 @@ def test_include_preprocessing_equals_preprocess_input_and_the_plain_model(shipp
     inside = keras_preact.ResNet20(include_preprocessing=True, weights="cifar10")
     plain = keras_preact.ResNet20(weights="cifar10")
     assert inside.layers[1].name == "preprocessing"
-    np.testing.assert_allclose(np.array(inside(pixels)), np.array(plain(keras_preact.preprocess_input(pixels))),
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(inside(pixels)), keras.ops.convert_to_numpy(plain(keras_preact.preprocess_input(pixels))),
                                rtol=1e-5, atol=1e-6)
 
 
 def test_preprocess_input_by_hand():
     pixels = np.array([[[[0, 128, 255]]]], "uint8")
     expected = (np.array([0.0, 128.0, 255.0]) - np.array(defaults.CIFAR10_MEAN)) / np.array(defaults.CIFAR10_STD)
-    np.testing.assert_allclose(np.array(keras_preact.preprocess_input(pixels))[0, 0, 0], expected, rtol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras_preact.preprocess_input(pixels))[0, 0, 0], expected, rtol=1e-6)
     assert defaults.CIFAR10_MEAN == (125.3, 123.0, 113.9) and defaults.CIFAR10_STD == (63.0, 62.1, 66.7)
     with pytest.raises(ValueError, match="images must have 3 channels, last. Received: images of shape .1, 1, 3, 1."):
         keras_preact.preprocess_input(np.zeros((1, 1, 3, 1)))
@@ -179,7 +179,7 @@ def test_evaluate_gives_the_error_and_per_class_accuracy_of_the_model(shipped, s
     paths = sorted((small_cifar / "test").glob("*/*.jpg"))
     pixels = np.stack([np.array(tf.io.decode_jpeg(tf.io.read_file(str(file)), channels=3)) for file in paths])
     labels = np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
-    predicted = np.argmax(np.array(trained(keras_preact.preprocess_input(pixels))), axis=-1)
+    predicted = np.argmax(keras.ops.convert_to_numpy(trained(keras_preact.preprocess_input(pixels))), axis=-1)
     for weights in ("cifar10", str(path)):
         result = evaluate.evaluate("resnet20", weights, data_dir=str(small_cifar), batch_size=7)
         assert result["images"] == 100 and "flip_test_error" not in result
@@ -205,8 +205,8 @@ def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_c
     paths = sorted((small_cifar / "test").glob("*/*.jpg"))
     pixels = np.stack([np.array(tf.io.decode_jpeg(tf.io.read_file(str(file)), channels=3)) for file in paths])
     labels = np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
-    probabilities = np.array(network(pixels.astype("float32")))
-    mirrored = np.array(network(pixels[:, :, ::-1].astype("float32")))
+    probabilities = keras.ops.convert_to_numpy(network(pixels.astype("float32")))
+    mirrored = keras.ops.convert_to_numpy(network(pixels[:, :, ::-1].astype("float32")))
     predicted, flipped = np.argmax(probabilities, axis=-1), np.argmax(probabilities + mirrored, axis=-1)
     assert np.sum(flipped != predicted) >= 1
     result = evaluate.evaluate("resnet20", "cifar10", data_dir=str(small_cifar), batch_size=7, flip=True)
@@ -301,7 +301,7 @@ def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipp
     assert metadata["model"] == "resnet20" and metadata["test_error"] == 0.5
     assert metadata["weights"]["sha256"] == pretrained.registry()["cifar10"]["resnet20"]["sha256"]
     pixels = np.stack([np.array(tf.io.decode_jpeg(tf.io.read_file(image), channels=3)) for image in images])
-    probabilities = np.array(trained(keras_preact.preprocess_input(pixels), training=False))
+    probabilities = keras.ops.convert_to_numpy(trained(keras_preact.preprocess_input(pixels), training=False))
     expected = keras_preact.decode_predictions(probabilities, top=3)
     classified = export.classify(str(version), export.read_image_files(images))
     for image, ranked, want, line in zip(images, classified, expected, printed[-10:], strict=True):

@@ -30,7 +30,7 @@ def twins(build, **options):
 
 
 def weighted_sum(outputs):
-    return keras.ops.sum(outputs * np.arange(1, 11, dtype="float32"))
+    return keras.ops.sum(outputs * keras.ops.arange(1, 11, dtype="float32"))
 
 
 def as_separate_units(build, trainable_values):
@@ -69,8 +69,8 @@ def test_the_loop_computes_the_network_of_separate_units(name):
     assert any(isinstance(layer, stacked.StackedUnits) for layer in looped.layers)
     images = random_images((4, 32, 32, 3))
     for training in (False, True):
-        np.testing.assert_allclose(np.array(looped(images, training=training)),
-                                   np.array(separate(images, training=training)), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(looped(images, training=training)),
+                                   keras.ops.convert_to_numpy(separate(images, training=training)), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("rematerialize", [False, True], ids=["kept", "rematerialized"])
@@ -99,7 +99,7 @@ def test_a_frozen_loop_runs_its_units_in_inference_mode():
     stack.trainable = False
     before = [np.array(variable) for variable in stack.weights]
     images = random_images((4, 16, 16, 32), seed=5)
-    np.testing.assert_array_equal(np.array(stack(images, training=True)), np.array(stack(images, training=False)))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(stack(images, training=True)), keras.ops.convert_to_numpy(stack(images, training=False)))
     for want, variable in zip(before, stack.weights, strict=True):
         np.testing.assert_array_equal(np.array(variable), want)
 
@@ -144,7 +144,7 @@ def test_keras_save_and_load_keep_the_loop(tmp_path):
     stack = loaded.get_layer("stage2_units2to3")
     assert isinstance(stack, stacked.StackedUnits) and stack.rematerialize and stack.count == 2
     images = random_images((2, 32, 32, 3), seed=3)
-    np.testing.assert_array_equal(np.array(loaded(images)), np.array(looped(images)))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded(images)), keras.ops.convert_to_numpy(looped(images)))
 
 
 def test_copy_weights_round_trips_and_refuses_another_network():
@@ -206,7 +206,7 @@ def test_a_weights_file_loads_into_either_layout(tmp_path, saved_with_loops):
     for want, got in zip(keras_preact.separate_units(loaded).get_weights(), separate.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
     images = random_images((4, 32, 32, 3), seed=5)
-    np.testing.assert_allclose(np.array(loaded(images, training=True)), np.array(separate(images, training=True)),
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(images, training=True)), keras.ops.convert_to_numpy(separate(images, training=True)),
                                rtol=1e-5, atol=1e-6)
 
 
@@ -237,7 +237,7 @@ def test_analysis_measures_looped_units_one_by_one_and_reaches_their_batch_norms
     # BatchNorm; 0.44 % measured at the outputs).
     images = random_images((16, 32, 32, 3), seed=4)
     keras_preact.analysis.set_batch_norm_statistics(model, images)
-    np.testing.assert_allclose(np.array(model(images, training=False)), np.array(model(images, training=True)),
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(images, training=False)), keras.ops.convert_to_numpy(model(images, training=True)),
                                rtol=1e-2, atol=1e-5)
 
 

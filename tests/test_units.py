@@ -62,7 +62,7 @@ def test_output_shape_equals_compute_output_shape(case_id, cls, arguments, chann
     for shape in [(2, 8, 8, channels), (1, 7, 9, channels)]:
         outputs = unit(random_images(shape), training=True)
         assert tuple(outputs.shape) == unit.compute_output_shape(shape)
-        assert np.all(np.isfinite(np.array(outputs)))
+        assert np.all(np.isfinite(ops.convert_to_numpy(outputs)))
 
 
 @pytest.mark.parametrize("case_id, cls, arguments, channels", UNIT_CASES, ids=UNIT_IDS)
@@ -105,7 +105,7 @@ def test_preactivation_unit_with_zeroed_branch_is_exactly_the_identity(form, tra
     x = random_images((1, 4, 4, 16))
     unit(x)
     zero_last_convolution(unit)
-    np.testing.assert_array_equal(np.array(unit(x, training=training)), x)
+    np.testing.assert_array_equal(ops.convert_to_numpy(unit(x, training=training)), x)
     np.testing.assert_array_equal(jacobian(unit, x, training), np.eye(x.size))
 
 
@@ -116,7 +116,7 @@ def test_original_unit_with_zeroed_branch_is_not_the_identity(training):
     x = random_images((1, 4, 4, 16))
     unit(x)
     zero_last_convolution(unit)
-    np.testing.assert_array_equal(np.array(unit(x, training=training)), np.maximum(x, 0))
+    np.testing.assert_array_equal(ops.convert_to_numpy(unit(x, training=training)), np.maximum(x, 0))
     np.testing.assert_array_equal(jacobian(unit, x, training), np.diag((x.reshape(-1) > 0).astype("float32")))
 
 
@@ -140,7 +140,9 @@ def test_unit_computes_its_figure(name):
     unit = units.UNITS[name](16)
     x = random_images((2, 6, 6, 16))
     unit(x)
-    np.testing.assert_allclose(np.array(unit(x, training=False)), np.array(FIGURES[name](unit, x)), rtol=1e-6, atol=1e-6)
+    figure = FIGURES[name](unit, ops.convert_to_tensor(x))
+    np.testing.assert_allclose(ops.convert_to_numpy(unit(x, training=False)), ops.convert_to_numpy(figure), rtol=1e-6,
+                               atol=1e-6)
 
 
 def test_shared_preactivation_feeds_both_paths():
@@ -150,8 +152,9 @@ def test_shared_preactivation_feeds_both_paths():
     unit(x)
     activated = relu(unit.norms[0](x))
     branch = unit.convs[1](relu(unit.norms[1](unit.convs[0](activated))))
-    shortcut = np.pad(np.array(activated)[:, ::2, ::2, :], [(0, 0), (0, 0), (0, 0), (0, 16)])
-    np.testing.assert_allclose(np.array(unit(x, training=False)), shortcut + np.array(branch), rtol=1e-6, atol=1e-6)
+    shortcut = np.pad(ops.convert_to_numpy(activated)[:, ::2, ::2, :], [(0, 0), (0, 0), (0, 0), (0, 16)])
+    np.testing.assert_allclose(ops.convert_to_numpy(unit(x, training=False)), shortcut + ops.convert_to_numpy(branch),
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_no_preactivation_reads_the_input_in_both_paths():
@@ -160,8 +163,8 @@ def test_no_preactivation_reads_the_input_in_both_paths():
     unit(x)
     assert [norm.name for norm in unit.norms] == ["bn2", "bn3"]
     branch = unit.convs[2](relu(unit.norms[1](unit.convs[1](relu(unit.norms[0](unit.convs[0](x)))))))
-    expected = np.array(unit.shortcut_path.conv(x)) + np.array(branch)
-    np.testing.assert_allclose(np.array(unit(x, training=False)), expected, rtol=1e-5, atol=1e-5)
+    expected = ops.convert_to_numpy(unit.shortcut_path.conv(x)) + ops.convert_to_numpy(branch)
+    np.testing.assert_allclose(ops.convert_to_numpy(unit(x, training=False)), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("stride_on, strided_conv", [("first", "conv1"), ("3x3", "conv2")])
@@ -181,7 +184,7 @@ def test_strided_convolution_is_centred_on_the_pixels_the_shortcut_keeps():
     kernel = np.zeros((3, 3, 1, 1), "float32")
     kernel[1, 1] = 1.0
     conv.kernel.assign(kernel)
-    np.testing.assert_array_equal(np.array(conv(x)), x[:, ::2, ::2, :])
+    np.testing.assert_array_equal(ops.convert_to_numpy(conv(x)), x[:, ::2, ::2, :])
 
 
 def test_projection_shortcut_normalization_follows_the_unit():

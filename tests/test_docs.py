@@ -1,0 +1,135 @@
+"""The README and the documentation pages: every Python block runs as written, the site
+builds with MkDocs in strict mode, and the README stays the short front door (issues 16, 28).
+
+Each ```python block of README.md and docs/*.md runs in a fresh namespace, from the
+repository's root (where `docs/cifar10/` is), with only the values on lines marked
+`# yours` replaced: the CIFAR-10 folder by a folder of the ten JPEGs of `docs/cifar10/`
+(one per class), the epochs by one, the export's folder by a temporary one. A block that
+loads the zoo's CIFAR-10 weights is skipped, with the reason, while none are shipped.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from keras_preact import pretrained
+from tests.conftest import ROOT
+
+README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
+DOCUMENTS = [README] + sorted(os.path.join(DOCS, name) for name in os.listdir(DOCS) if name.endswith(".md"))
+BLOCK = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+YOURS = "# yours"
+SAMPLES = os.path.join(DOCS, "cifar10")
+README_MOST_LINES = 250
+# The blocks use tf.data and export SavedModels; the site and the README's checks need no
+# backend, and run once, in the TensorFlow run.
+pytestmark = pytest.mark.tensorflow
+
+
+def substitutions(tmp_path):
+    """{text on a `# yours` line: what the test runs instead}."""
+    return {
+        '"cifar10-jpeg/train"': repr(str(sample_folder(tmp_path))),
+        "epochs=200": "epochs=1",
+        "epochs=30": "epochs=1",
+        '"saved_models/my_resnet20"': repr(str(tmp_path / "saved_models" / "my_resnet20")),
+    }
+
+
+def sample_folder(tmp_path):
+    """`<tmp>/train/<class>/<class>_0000.jpg`: the ten docs JPEGs as an image folder."""
+    folder = tmp_path / "train"
+    if not folder.exists():
+        for name in sorted(os.listdir(SAMPLES)):
+            if name.endswith(".jpg"):
+                (folder / name.rsplit("_", 1)[0]).mkdir(parents=True)
+                shutil.copy(os.path.join(SAMPLES, name), folder / name.rsplit("_", 1)[0] / name)
+    return folder
+
+
+def read(path):
+    with open(path) as file:
+        return file.read()
+
+
+def python_blocks():
+    """[(document's path relative to the root, block number from 1, code)] of every document."""
+    return [(os.path.relpath(path, ROOT), number, code) for path in DOCUMENTS
+            for number, code in enumerate(BLOCK.findall(read(path)), start=1)]
+
+
+def substituted(block, replacements):
+    """`block` with `replacements` applied, each only on the lines marked `# yours`."""
+    lines = []
+    for line in block.splitlines(keepends=True):
+        if YOURS in line:
+            for text, replacement in replacements.items():
+                line = line.replace(text, replacement)
+        lines.append(line)
+    return "".join(lines)
+
+
+def test_the_documents_have_their_blocks_and_each_substitution_is_on_a_yours_line(tmp_path):
+    blocks = python_blocks()
+    assert len(blocks) >= 10 and sum(path == "README.md" for path, _, _ in blocks) == 3
+    yours_lines = [line for _, _, block in blocks for line in block.splitlines() if YOURS in line]
+    for text in substitutions(tmp_path):
+        assert any(text in line for line in yours_lines), f"{text} is on no line a document marks {YOURS!r}"
+
+
+@pytest.mark.parametrize("path, number, block", python_blocks(),
+                         ids=[f"{path}:{number}" for path, number, _ in python_blocks()])
+def test_every_python_block_runs_as_written(path, number, block, tmp_path, monkeypatch):
+    if 'weights="cifar10"' in block and "resnet20" not in pretrained.shipped_networks("cifar10"):
+        pytest.skip("the zoo ships no CIFAR-10 ResNet-20 yet (keras_preact/weights/registry.json)")
+    monkeypatch.chdir(ROOT)
+    code = substituted(block, substitutions(tmp_path))
+    exec(compile(code, f"{path} block {number}", "exec"), {"__name__": "documentation"})
+
+
+def test_the_readme_is_the_short_front_door_with_a_map_of_every_page():
+    text = read(README)
+    assert len(text.splitlines()) <= README_MOST_LINES
+    with open(os.path.join(ROOT, "mkdocs.yml")) as file:
+        navigation = yaml.safe_load(file)["nav"]
+    pages = [page for entry in navigation for page in entry.values()]
+    for page in pages:
+        if page != "index.md":
+            assert f"(docs/{page})" in text, f"the README's map does not link docs/{page}"
+
+
+def test_the_zoo_tables_are_the_registrys(tmp_path):
+    """The README's and the zoo page's tables are what `keras-preact zoo` prints from the
+    registry: a network's row lands with its entry."""
+    from keras_preact_training import zoo
+
+    table = zoo.markdown_table()
+    for path in (README, os.path.join(DOCS, "zoo.md")):
+        assert table in read(path), f"{os.path.relpath(path, ROOT)}'s zoo table is not `keras-preact zoo`'s"
+
+
+def mkdocs_build(folder, site):
+    """`mkdocs build --strict` of the project in `folder` (the Material theme's notice off)."""
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=folder,
+                          capture_output=True, text=True, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+
+
+def test_the_site_builds_in_strict_mode_and_a_broken_link_fails_it(tmp_path):
+    """`mkdocs build --strict`: every page of the nav, every link and anchor resolved."""
+    built = mkdocs_build(ROOT, tmp_path / "site")
+    assert built.returncode == 0, built.stderr[-3000:]
+    for page in ("networks", "zoo", "training", "serving", "paper", "benchmarks", "tests"):
+        assert (tmp_path / "site" / page / "index.html").exists(), page
+    broken = tmp_path / "broken"
+    shutil.copytree(DOCS, broken / "docs")
+    shutil.copy(os.path.join(ROOT, "mkdocs.yml"), broken)
+    with open(broken / "docs" / "zoo.md", "a") as file:
+        file.write("\nSee [the missing section](networks.md#no-such-section).\n")
+    failed = mkdocs_build(broken, tmp_path / "other")
+    assert failed.returncode != 0 and "no-such-section" in failed.stderr

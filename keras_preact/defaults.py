@@ -30,7 +30,7 @@ WEIGHT_DECAY = 1e-4
 
 # `scan_units=None` runs a stage's units as one loop (`keras_preact.StackedUnits`) where the
 # stage has at least this many units: ResNet-1001 (111) and ResNet-1202 (200). Measured
-# with `bench/first_step.py` (README, Benchmarks): there, separate units take minutes to
+# with `bench/first_step.py` (docs/benchmarks.md): there, separate units take minutes to
 # the first training step and loops seconds, and loops are no slower per step; at 18
 # units per stage (ResNet-110/164) loops reach the first step 25-40 s sooner but train
 # ResNet-164 32 % slower per step at batch 128, and ImageNet's deepest stage has 36.

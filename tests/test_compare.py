@@ -39,8 +39,14 @@ def test_compare_tables_final_error_and_hours_to_come_close(tmp_path, capsys):
     assert [row["hours"] for row in table] == pytest.approx([128 * 300 / 3600 / 3600] * 2)
     assert (tmp_path / "out" / "time_to_accuracy.png").stat().st_size > 10_000
     markdown = (tmp_path / "out" / "comparison.md").read_text().splitlines()
-    assert markdown[0] == "| run | schedule | duration | final validation error | hours | hours to 10.50 % |"
-    assert markdown[2] == "| step | step | 3 epochs | 10.00 % | 0.00 | 0.00 |"
+    assert markdown[0] == "| run | settings | duration | final validation error | hours | hours to 10.50 % |"
+    assert markdown[2] == "| step | schedule=step | 3 epochs | 10.00 % | 0.00 | 0.00 |"
+    # A target error: the hours to the first evaluation at or below it (cosine: step 200 of 300).
+    table = compare.compare([step, cosine], str(tmp_path / "target"), target=12.0)
+    assert [row["hours_to_target"] for row in table] == pytest.approx([3.0, 4.0])
+    assert compare.compare([step], str(tmp_path / "never"), target=5.0)[0]["hours_to_target"] is None
+    markdown = (tmp_path / "target" / "comparison.md").read_text().splitlines()
+    assert markdown[0].endswith("| hours to 10.50 % | hours to 12.00 % |") and markdown[3].endswith("| 4.00 | 4.00 |")
 
     assert cli.main(["compare", step, cosine, "--output", str(tmp_path / "cli")]) == 0
     assert "cosine: cosine schedule, 3 epochs, final error 9.50 %, 6.00 hours" in capsys.readouterr().out
@@ -52,3 +58,5 @@ def test_compare_refuses_unfinished_runs_and_bad_rates(tmp_path, capsys):
     run = write_run(tmp_path / "run", "step", [0.2], hours=1.0)
     assert cli.main(["compare", run, "--images-per-second", "0"]) == 2
     assert "images_per_second must be positive. Received: 0.0" in capsys.readouterr().err
+    assert cli.main(["compare", run, "--target", "120"]) == 2
+    assert "target must be an error in percent, between 0 and 100. Received: 120.0" in capsys.readouterr().err

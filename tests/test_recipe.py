@@ -131,6 +131,40 @@ def test_model_fit_on_arrays_with_the_recipe():
     assert accuracy > 0.5
 
 
+def test_label_smoothing_by_hand():
+    """Smoothed targets (1 - e) one-hot + e / K: the loss is (1 - e) CE(label) + e mean_k(-log p_k)."""
+    logits = np.array([[2.0, 0.5, -1.0], [0.1, 0.2, 3.0]], "float32")
+    labels = np.array([0, 1])
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    plain = -log_p[[0, 1], labels]
+    expected = 0.9 * plain + 0.1 * -log_p.mean(-1)
+    smoothed = keras.ops.convert_to_numpy(recipe.loss(0.1, reduction=None)(labels, logits))
+    np.testing.assert_allclose(smoothed, expected, rtol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(recipe.loss(0.0, reduction=None)(labels, logits)), plain,
+                               rtol=1e-6)
+    assert float(recipe.loss(0.1)(labels, logits)) == pytest.approx(expected.mean(), rel=1e-6)
+
+
+def test_the_weights_average_follows_each_step_of_the_coupled_update():
+    """`average_momentum`: after every step w_avg <- m w_avg + (1 - m) w (w_avg starts at the
+    first step's weights), through CoupledSGD's own update; finalize puts it in the model."""
+    config = dataclasses.replace(configs.CONFIGS["digits_demo"], average_momentum=0.5)
+    network = keras_preact.CifarResNet(8, input_shape=(8, 8, 1), classes=3, classifier_activation=None)
+    optimizer = recipe.optimizer(config, 22, network)
+    assert (optimizer.use_ema, optimizer.ema_momentum) == (True, 0.5)
+    network.compile(optimizer, recipe.loss())
+    images, labels = np.random.default_rng(0).normal(size=(4, 8, 8, 1)).astype("float32"), np.array([0, 1, 2, 1])
+    average = None
+    for _ in range(3):
+        network.train_on_batch(images, labels)
+        weights = [np.array(variable) for variable in network.trainable_variables]
+        average = weights if average is None else [0.5 * a + 0.5 * w for a, w in zip(average, weights)]
+    optimizer.finalize_variable_values(network.trainable_variables)
+    for got, want in zip(network.trainable_variables, average, strict=True):
+        np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-7)
+    assert not recipe.optimizer(configs.CONFIGS["digits_demo"], 22).use_ema
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -148,6 +182,9 @@ def test_model_fit_on_arrays_with_the_recipe():
         (["normalization_std=0,62.1,66.7"], "normalization_std must hold finite numbers > 0. Received: "
                                             "normalization_std=(0, 62.1, 66.7)"),
         (["test_examples=0"], "test_examples must be None (all) or a positive integer. Received: test_examples=0"),
+        (["label_smoothing=1"], "label_smoothing must be a finite number in [0, 1). Received: label_smoothing=1.0"),
+        (["average_momentum=-0.5"], "average_momentum must be a finite number in [0, 1). Received: "
+                                    "average_momentum=-0.5"),
         (["train_examples=-5"], "train_examples must be None (all) or a positive integer. Received: train_examples=-5"),
         (["nesterov=none"], "nesterov takes a bool. Received: nesterov='none'"),
     ],

@@ -4,7 +4,6 @@ import csv
 import json
 import os
 import subprocess
-import sys
 
 import keras_tuner
 import numpy as np

@@ -11,9 +11,7 @@ import shutil
 import socket
 import struct
 import subprocess
-import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 import zlib

@@ -458,6 +458,26 @@ def test_a_run_resumes_from_a_checkpoint_of_the_other_batch_norm_path(tmp_path):
     assert switched[23] == pytest.approx(reference[23], rel=1e-4)
 
 
+def test_a_run_with_a_weights_average_evaluates_and_saves_the_average(tmp_path):
+    """`average_momentum`: the steps are the plain run's (same deterministic losses), the
+    checkpoints keep the trained weights and the average (so a resumed run goes on with
+    both), and the network evaluated and saved is the average: its test error is the
+    saved model's on the test digits, and its weights differ from the plain run's."""
+    plain = run_training("--run-dir", str(tmp_path / "plain"), *SHORT)
+    averaged = run_training("--run-dir", str(tmp_path / "averaged"), *SHORT, "--set", "average_momentum=0.9")
+    assert plain.returncode == 0 and averaged.returncode == 0, averaged.stderr[-3000:]
+    assert logged_losses(tmp_path / "averaged") == logged_losses(tmp_path / "plain")
+    assert digest(averaged.stdout) != digest(plain.stdout)
+    checkpoint = tf.train.latest_checkpoint(str(tmp_path / "averaged" / "checkpoints"))
+    names = [name for name, _ in tf.train.list_variables(checkpoint)]
+    model = keras.saving.load_model(tmp_path / "averaged" / "model.keras")
+    assert sum("average" in name for name in names) == len(model.trainable_variables)
+    test = data.load(DIGITS).test
+    predictions = np.argmax(model.predict(test.items.astype("float32"), verbose=0), axis=-1)
+    summary = json.loads((tmp_path / "averaged" / "summary.json").read_text())
+    assert summary["test_error"] == pytest.approx(np.mean(predictions != test.labels), abs=1e-9)
+
+
 def test_seeds_report_median_and_spread(tmp_path):
     result = run_training("--run-dir", str(tmp_path / "seeds"), *SHORT, "--set", "duration=1", "--seeds", "2")
     assert result.returncode == 0, result.stderr[-3000:]

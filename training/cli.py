@@ -129,6 +129,8 @@ def parser():
     compare.add_argument("--images-per-second", type=float,
                          help="the runs' measured training rate on this machine, for their hours (default: "
                          "each run's logged hours, which count stretches that shared the CPU)")
+    compare.add_argument("--target", type=float,
+                         help="an error in percent: the table adds the hours each run needs to reach it")
     export_parser = command(
         "export", help="export a trained run or shipped weights as a SavedModel for TF Serving, then check it",
         description="Export the model of a finished training run (--run-dir), or a network with keras-preact's "
@@ -359,7 +361,7 @@ def publish_command(arguments):
 def compare_command(arguments):
     from . import compare
 
-    table = compare.compare(arguments.run_dirs, arguments.output, arguments.images_per_second)
+    table = compare.compare(arguments.run_dirs, arguments.output, arguments.images_per_second, arguments.target)
     for row in table:
         print(f"{row['run']}: {row['schedule']} schedule, {row['duration']}, final error {row['error']:.2f} %, "
               f"{row['hours']:.2f} hours")

@@ -14,6 +14,9 @@ from . import files, plots
 
 # "Close to the best": within this many points of the lowest final error of the runs compared.
 MARGIN_POINTS = 1.0
+# Config fields that say where a run was read from or how often it logged, not its recipe:
+# left out of the settings that tell the runs apart.
+NOT_RECIPE = ("data_dir", "evaluate_every", "checkpoint_every", "log_every", "fused_batch_norm")
 
 
 def load_run(run_dir):
@@ -28,7 +31,14 @@ def load_run(run_dir):
     return files.read_json(paths[0], "train the run again, or restore the file"), plots.read_log(paths[1])
 
 
-def compare(run_dirs, output, images_per_second=None):
+def differing_settings(configs):
+    """For each config, "field=value" of the recipe's fields whose values differ among `configs`."""
+    fields = sorted({field for config in configs for field in config} - set(NOT_RECIPE))
+    differing = [field for field in fields if len({repr(config.get(field)) for config in configs}) > 1]
+    return [", ".join(f"{field}={config.get(field)}" for field in differing) for config in configs]
+
+
+def compare(run_dirs, output, images_per_second=None, target=None):
     """Writes `time_to_accuracy.png` and `comparison.md` to `output`; returns the table's rows.
 
     Args:
@@ -36,11 +46,15 @@ def compare(run_dirs, output, images_per_second=None):
         output: folder for the plot and the table.
         images_per_second: the measured training rate of the runs' network on this machine
             (default: each run's own logged hours).
+        target: an error in percent: the table also gives the hours each run needs to
+            reach it (its first evaluation at or below it).
     """
     if len(run_dirs) < 1:
         raise ValueError("compare needs at least one run directory. Received: none")
     if images_per_second is not None and not images_per_second > 0:
         raise ValueError(f"images_per_second must be positive. Received: {images_per_second!r}")
+    if target is not None and not 0 < target < 100:
+        raise ValueError(f"target must be an error in percent, between 0 and 100. Received: {target!r}")
     runs = {}
     for run_dir in run_dirs:
         summary, rows = load_run(run_dir)
@@ -55,24 +69,29 @@ def compare(run_dirs, output, images_per_second=None):
         raise ValueError(f"compare needs runs evaluated on the same split. Received: {sorted(split)}")
     split = split.pop()
     best = min(100 * summary[f"{split}_error"] for summary, _, _ in runs.values())
+    settings = differing_settings([summary["config"] for summary, _, _ in runs.values()])
     table = []
-    for label, (summary, rows, hours_per_step) in runs.items():
+    for (label, (summary, rows, hours_per_step)), setting in zip(runs.items(), settings):
         evaluated = [(int(row["step"]), 100 * float(row[f"{split}_error"])) for row in rows if row[f"{split}_error"]]
         close = next((step for step, error in evaluated if error <= best + MARGIN_POINTS), None)
+        reached = next((step for step, error in evaluated if target is not None and error <= target), None)
         table.append(dict(run=label, schedule=summary["config"].get("schedule", "step"),
                           duration=f"{summary['config']['duration']:g} {summary['config']['schedule_unit']}",
-                          error=100 * summary[f"{split}_error"],
+                          settings=setting, error=100 * summary[f"{split}_error"],
                           hours=summary["steps"] * hours_per_step,
-                          hours_to_close=None if close is None else close * hours_per_step))
+                          hours_to_close=None if close is None else close * hours_per_step,
+                          hours_to_target=None if reached is None else reached * hours_per_step))
     os.makedirs(output, exist_ok=True)
     plots.time_to_accuracy({label: (rows, hours_per_step) for label, (_, rows, hours_per_step) in runs.items()},
                            os.path.join(output, "time_to_accuracy.png"), title=f"{split} error against hours")
-    lines = [f"| run | schedule | duration | final {split} error | hours | hours to {best + MARGIN_POINTS:.2f} % |",
-             "|---|---|---|---|---|---|"]
+    target_column = "" if target is None else f" hours to {target:.2f} % |"
+    lines = [f"| run | settings | duration | final {split} error | hours | hours to {best + MARGIN_POINTS:.2f} % |"
+             + target_column, "|---|---|---|---|---|---|" + "---|" * (target is not None)]
     for row in table:
-        reached = "not reached" if row["hours_to_close"] is None else f"{row['hours_to_close']:.2f}"
-        lines.append(f"| {row['run']} | {row['schedule']} | {row['duration']} | {row['error']:.2f} % | "
-                     f"{row['hours']:.2f} | {reached} |")
+        hours = [row["hours_to_close"]] + ([row["hours_to_target"]] if target is not None else [])
+        lines.append(f"| {row['run']} | {row['settings']} | {row['duration']} | {row['error']:.2f} % | "
+                     f"{row['hours']:.2f} | " + " | ".join("not reached" if value is None else f"{value:.2f}"
+                                                            for value in hours) + " |")
     with open(os.path.join(output, "comparison.md"), "w") as file:
         file.write("\n".join(lines) + "\n")
     return table

@@ -271,7 +271,7 @@ CONFIGS = {
     "cifar10_paper": Config(),
     "cifar100_paper": Config(dataset="cifar100"),
     # Units 2-111 of each stage run as one loop: the same network, built in about a
-    # second and at its first step in seconds instead of minutes (README, Benchmarks).
+    # second and at its first step in seconds instead of minutes (docs/benchmarks.md).
     "cifar10_resnet1001_torch": Config(
         model="resnet1001", scan_units=True, batch_size=64, reference_batch_size=64, nesterov=True,
         schedule_unit="epochs", duration=200, decay_boundaries=(81, 122), warmup=0, evaluate_every=7812,
@@ -322,7 +322,7 @@ ABOUT = {
         purpose="The zoo's recipe on a CPU (keras_preact/weights): the paper's CIFAR-10 recipe on CIFAR-10 as JPEG "
                 "folders, lr 0.1 after a first epoch at 0.01, the schedule shortened to 30 epochs (the paper: 164), "
                 "/10 at half and three quarters of it as the paper's 32k and 48k of 64k; the zoo trains it with "
-                "--set schedule=cosine, chosen on a validation split (README, Model zoo).",
+                "--set schedule=cosine, chosen on a validation split (docs/zoo.md).",
         paper="He et al. 2015, Table 6 (164 epochs): ResNet-20 8.75 %, ResNet-56 6.97 % test error.",
         command="keras-preact train --config cifar10_cpu --model resnet20 --set schedule=cosine "
                 "--data-dir ~/.cache/keras-preact/cifar10-jpeg"),

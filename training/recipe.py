@@ -172,7 +172,7 @@ class CoupledSGD(keras.optimizers.SGD):
     of Keras 2's SGD) where Keras 3's SGD traces about 11 operations; other backends run
     Keras' update. ResNet-164's training step goes from 19,559 operations to 6,755 with
     BatchNorm's kernel averaging its own statistics (`keras_preact.blocks`), and its first
-    step from 27 to 12 seconds on a 2-core CPU (README, "The first training step").
+    step from 27 to 12 seconds on a 2-core CPU (docs/benchmarks.md, "The first training step").
     """
 
     def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, name="sgd", **kwargs):
@@ -211,7 +211,7 @@ class CoupledSGD(keras.optimizers.SGD):
         # weight in one pass: the rate, the momentum and each distinct decay become one
         # tensor each for the whole step, not one each per weight, and the gradients skip
         # Keras' all-reduce, which has nothing to sum for one replica but traces an
-        # identity per weight. ResNet-164's step: 8,729 operations -> 6,755 (README).
+        # identity per weight. ResNet-164's step: 8,729 operations -> 6,755 (docs/benchmarks.md).
         if keras.backend.backend() != "tensorflow" or not self.momentum:
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
         import tensorflow as tf

@@ -829,7 +829,7 @@ def serve(directory, host="127.0.0.1", port=DEFAULT_PORT, max_batch=DEFAULT_MAX_
     """Serves the highest version of `directory` until interrupted (Ctrl-C or SIGTERM).
 
     `runtime` "auto" serves with onnxruntime where the highest version has ONNX models
-    and onnxruntime is installed (faster: see the README), with TensorFlow otherwise."""
+    and onnxruntime is installed (faster: see docs/serving.md), with TensorFlow otherwise."""
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an integer from 0 (any free port) to 65535. Received: port={port!r}")
     if not isinstance(max_in_flight, int) or max_in_flight < 1:

@@ -331,8 +331,9 @@ def _jacobian(function, inputs):
             with keras.StatelessScope():
                 return function(x)
 
+        # vectorize: all rows in one batched backward pass (torch.vmap), not one pass per row.
         with torch.enable_grad():
-            jacobian = torch.autograd.functional.jacobian(stateless, keras.ops.convert_to_tensor(inputs))
+            jacobian = torch.autograd.functional.jacobian(stateless, keras.ops.convert_to_tensor(inputs), vectorize=True)
         return keras.ops.convert_to_numpy(jacobian).reshape(size, size)
     raise ValueError(f"keras_preact.analysis computes gradients on the {' and '.join(BACKENDS)} backends. "
                      f"Received: {backend}")

@@ -115,7 +115,7 @@ def jacobian(layer, inputs, training=True):
 
     with torch.enable_grad():
         jacobian = torch.autograd.functional.jacobian(lambda x: layer(x, training=training),
-                                                      keras.ops.convert_to_tensor(inputs))
+                                                      keras.ops.convert_to_tensor(inputs), vectorize=True)
     return keras.ops.convert_to_numpy(jacobian).reshape(size, -1)
 
 

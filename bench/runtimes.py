@@ -36,7 +36,7 @@ import onnxruntime  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_preact  # noqa: E402
-from keras_preact_training import configs, export  # noqa: E402
+from keras_preact_training import configs, contract, export  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from training_throughput import machine  # noqa: E402
@@ -56,7 +56,7 @@ def exports(network, directory):
             path = export.export_saved_model(network, directory, CLASS_NAMES, CIFAR, formats=(kind,),
                                              fold_batch_norms=fold, verbose=False)
             seconds = time.perf_counter() - started
-            onnx_file = os.path.join(path, export.ONNX_DIRECTORY, "predict_normalized.onnx")
+            onnx_file = os.path.join(path, contract.onnx_file("predict_normalized"))
             megabytes = export.directory_megabytes(path) if kind == "saved_model" else os.path.getsize(onnx_file) / 2**20
             results[kind, label] = (seconds, megabytes, path)
     return results
@@ -73,7 +73,7 @@ def runners(network, exported):
         functions[f"SavedModel{label}"] = lambda batch, signature=signature: signature(normalized=tf.constant(batch))
     for label in FOLDINGS:
         session = onnxruntime.InferenceSession(
-            os.path.join(exported["onnx", label][2], export.ONNX_DIRECTORY, "predict_normalized.onnx"),
+            os.path.join(exported["onnx", label][2], contract.onnx_file("predict_normalized")),
             providers=["CPUExecutionProvider"])
         functions[f"onnxruntime{label}"] = lambda batch, session=session: session.run(["logits"], {"normalized": batch})
     return functions

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import keras_preact
-from keras_preact_training import configs, data, export
+from keras_preact_training import configs, contract, data, export
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
@@ -61,7 +61,7 @@ def expected_outputs(network, normalized, class_names, top_k):
 
 
 def assert_outputs_match(outputs, expected):
-    assert sorted(outputs) == sorted(export.OUTPUTS)
+    assert sorted(outputs) == sorted(contract.OUTPUTS)
     scale = np.abs(expected["logits"]).max()
     np.testing.assert_allclose(outputs["logits"].numpy(), expected["logits"], atol=1e-5 * scale, rtol=1e-5)
     np.testing.assert_allclose(outputs["probabilities"].numpy(), expected["probabilities"], atol=1e-5)
@@ -73,7 +73,7 @@ def assert_outputs_match(outputs, expected):
 def assert_signatures_match(network, path, preprocessing, class_names, pixels, top_k=export.DEFAULT_TOP_K):
     """Every signature of the reloaded SavedModel equals the Keras model, at each batch size."""
     signatures = tf.saved_model.load(path).signatures
-    assert sorted(signatures) == sorted(export.SIGNATURES)
+    assert sorted(signatures) == sorted(contract.SIGNATURES)
     for batch_size in BATCH_SIZES:
         batch = pixels[:batch_size]
         normalized = normalize(batch, preprocessing)
@@ -97,13 +97,18 @@ def resnet20_export(tmp_path_factory):
 def test_versioned_layout_and_metadata(resnet20_export):
     network, path, _ = resnet20_export
     assert os.path.basename(path) == "1"
-    assert {"saved_model.pb", "variables", export.METADATA_FILE} <= set(os.listdir(path))
+    assert {"saved_model.pb", "variables", contract.METADATA_FILE} <= set(os.listdir(path))
     metadata = export.read_metadata(path)
     assert metadata["name"] == "cifar10_resnet20" and metadata["version"] == 1
     assert metadata["class_names"] == CIFAR_CLASSES and metadata["network"] == network.name
     assert metadata["input"] == dict(image_size=32, channels=3, normalization_mean=[125.3, 123.0, 113.9],
                                      normalization_std=[63.0, 62.1, 66.7], crop="resize", pixel_range=[0, 255])
-    assert sorted(metadata["signatures"]) == sorted(export.SIGNATURES) and metadata["top_k"] == 5
+    assert sorted(metadata["signatures"]) == sorted(contract.SIGNATURES) and metadata["top_k"] == 5
+    assert metadata["signatures"] == {
+        "serving_default": "images: tf.string [batch], encoded JPEG/PNG/GIF/BMP images of any size",
+        "predict_pixels": "pixels: tf.uint8 [batch, 32, 32, 3], 0-255",
+        "predict_normalized": "normalized: tf.float32 [batch, 32, 32, 3], (pixels - normalization_mean) / "
+                              "normalization_std"}
     assert metadata["folded_batch_norms"] == 10  # the stem's and the middle one of each of 9 units
 
 
@@ -316,3 +321,16 @@ def test_export_command_without_a_run_is_a_clear_error(tmp_path):
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 2
     assert "holds no finished training run" in result.stderr and f"Received: '{tmp_path / 'none'}'" in result.stderr
+
+
+def test_the_contract_is_importable_without_tensorflow_and_names_every_onnx_model():
+    """training.contract: what export writes and serving reads, with no TensorFlow import (an
+    onnxruntime server can read it), one ONNX model per image-array signature."""
+    code = ("import sys; from keras_preact_training import contract; "
+            "print(sorted(contract.SIGNATURES), contract.ONNX_MODELS, 'tensorflow' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ("['predict_normalized', 'predict_pixels', 'serving_default'] "
+                                     "('predict_pixels', 'predict_normalized') False")
+    assert {contract.SIGNATURES[name].onnx_model for name in contract.SIGNATURES} == set(contract.ONNX_MODELS)
+    assert contract.onnx_file("predict_pixels") == os.path.join("onnx", "predict_pixels.onnx")

@@ -11,7 +11,7 @@ import pytest
 import keras_preact
 from keras_preact import pretrained
 from tests.test_export import BATCH_SIZES, CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
-from keras_preact_training import export
+from keras_preact_training import contract, export
 from tests.conftest import KERAS_PREACT
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed: pip install "
@@ -34,13 +34,13 @@ def assert_onnx_matches(network, path, pixels):
     for signature, session in sessions.items():
         assert [(tensor.name, tensor.type) for tensor in session.get_inputs()] == [
             ("pixels", "tensor(uint8)") if signature == "predict_pixels" else ("normalized", "tensor(float)")]
-        assert [tensor.name for tensor in session.get_outputs()] == sorted(export.ONNX_OUTPUTS)
+        assert [tensor.name for tensor in session.get_outputs()] == sorted(contract.ONNX_OUTPUTS)
     for batch_size in BATCH_SIZES:
         normalized = normalize(pixels[:batch_size], CIFAR)
         expected = expected_outputs(network, normalized, CIFAR_CLASSES, 5)
         for signature, inputs in [("predict_pixels", {"pixels": pixels[:batch_size]}),
                                   ("predict_normalized", {"normalized": normalized})]:
-            outputs = dict(zip(sorted(export.ONNX_OUTPUTS), sessions[signature].run(None, inputs)))
+            outputs = dict(zip(sorted(contract.ONNX_OUTPUTS), sessions[signature].run(None, inputs)))
             scale = np.abs(expected["logits"]).max()
             np.testing.assert_allclose(outputs["logits"], expected["logits"], atol=1e-5 * scale, rtol=1e-5)
             np.testing.assert_allclose(outputs["probabilities"], expected["probabilities"], atol=1e-5)

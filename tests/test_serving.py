@@ -23,7 +23,7 @@ from PIL import Image
 
 import keras_preact
 from tests.test_export import CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
-from keras_preact_training import export, serve
+from keras_preact_training import contract, export, serve
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
@@ -148,7 +148,7 @@ def test_status_and_metadata(served_by_each_runtime):
     status, metadata = client.get("/v1/models/cifar10_resnet20/metadata")
     assert status == 200 and metadata["model_spec"] == {"name": "cifar10_resnet20", "signature_name": "", "version": "1"}
     signatures = metadata["metadata"]["signature_def"]["signature_def"]
-    assert sorted(signatures) == sorted(export.SIGNATURES)
+    assert sorted(signatures) == sorted(contract.SIGNATURES)
     assert signatures["serving_default"]["inputs"]["images"] == {"dtype": "string", "tensor_shape": [-1], "name": "images"}
     assert metadata["metadata"]["keras_preact"]["class_names"] == CIFAR_CLASSES
 
@@ -160,7 +160,7 @@ def test_row_format_predictions_equal_the_keras_model(served_by_each_runtime):
     status, response = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(image) for image in encoded]})
     assert status == 200 and len(response["predictions"]) == 4
     for row, prediction in enumerate(response["predictions"]):
-        assert sorted(prediction) == sorted(export.OUTPUTS)
+        assert sorted(prediction) == sorted(contract.OUTPUTS)
         assert_prediction_matches(prediction, expected, row)
     # Named inputs, a version in the path, and the signature named: the same answer.
     status, named = client.post("/v1/models/cifar10_resnet20/versions/1:predict", {

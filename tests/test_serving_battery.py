@@ -24,7 +24,7 @@ from tests.test_export import CIFAR, calibrated, random_pixels
 from tests.test_serving import (PREDICT, Client, b64, export_resnet20, free_port, jpegs, raw_exchange, serve_command,
                                 start_server, stop_server)
 from keras_preact_training import client as query_client
-from keras_preact_training import export, serve
+from keras_preact_training import contract, export, serve
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
@@ -144,7 +144,7 @@ def soak(client, clients, requests_per_client):
     """`clients` clients at once, each sending `requests_per_client` requests of 1-60
     instances in all three signatures, one in seven with an invalid instance. Returns the
     statuses, and the largest difference of a batched answer from the single answer."""
-    pool, signatures = soak_pool(), list(export.SIGNATURES)
+    pool, signatures = soak_pool(), list(contract.SIGNATURES)
     single = {}
     for signature in signatures:
         for row, instance in enumerate(pool[signature]):

@@ -2,16 +2,11 @@
 
 `export_saved_model` writes `<directory>/<version>/`, the versioned layout of TF Serving
 (`saved_models/<name>/<version>/` by default), with Keras 3's `keras.export.ExportArchive`
-and three signatures that share one traced network:
-
-    serving_default      images: tf.string [batch]        encoded JPEG/PNG/GIF/BMP bytes
-    predict_pixels       pixels: tf.uint8 [batch, H, W, C]  raw pixels, 0-255
-    predict_normalized   normalized: tf.float32 [batch, H, W, C]  the network's own input
-
-Encoded images are decoded, resized or cropped and normalised inside the graph with the
-functions and layers of training (`training.data`, `training.recipe`). Every signature
-returns `logits`, `probabilities`, `class_ids` (the arg max), and the top-k `classes`
-(names, stored in the graph) with their `scores`. `metadata.json` beside
+and the three signatures of `training.contract`, which share one traced network. Encoded
+images are decoded, resized or cropped and normalised inside the graph with the functions
+and layers of training (`training.data`, `training.recipe`). Every signature returns
+`logits`, `probabilities`, `class_ids` (the arg max), and the top-k `classes` (names,
+stored in the graph) with their `scores`. `metadata.json` beside
 `saved_model.pb` records the model, the class names, the input and its preprocessing,
 the training config and the final test error.
 
@@ -35,21 +30,12 @@ import tensorflow as tf
 
 import keras_preact
 from keras_preact import pretrained
-from . import configs, data, files, recipe
+from . import configs, contract, data, files, recipe
 from .defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS
 
-SIGNATURES = ("serving_default", "predict_pixels", "predict_normalized")
-OUTPUTS = ("logits", "probabilities", "class_ids", "classes", "scores")
-METADATA_FILE = "metadata.json"
 # What `--format` writes into a version folder: the SavedModel, ONNX models, or both.
 FORMATS = {"saved_model": ("saved_model",), "onnx": ("onnx",), "all": ("saved_model", "onnx")}
 assert tuple(FORMATS) == EXPORT_FORMATS
-# The ONNX models: one file per pixel signature of the SavedModel (an ONNX graph has no
-# optional inputs), under <version>/onnx/, with the SavedModel's numeric outputs (the
-# class names are in metadata.json: ONNX runtimes handle strings unevenly).
-ONNX_DIRECTORY = "onnx"
-ONNX_INPUTS = {"predict_pixels": ("pixels", tf.uint8), "predict_normalized": ("normalized", tf.float32)}
-ONNX_OUTPUTS = ("logits", "probabilities", "class_ids")
 ONNX_EXTRA = 'pip install "keras-preact[onnx]"'
 # The largest difference of logits, relative to their largest magnitude, between an
 # exported ONNX model under onnxruntime and the network: float32 rounding only.
@@ -234,11 +220,9 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
     archive = keras.export.ExportArchive()
     archive.track(network)
     archive.track(normalization)
-    archive.add_endpoint("serving_default", serving_default, [tf.TensorSpec((None,), tf.string, name="images")])
-    archive.add_endpoint("predict_pixels", predict_pixels,
-                         [tf.TensorSpec((None, *preprocessing.shape), tf.uint8, name="pixels")])
-    archive.add_endpoint("predict_normalized", predict,
-                         [tf.TensorSpec((None, *preprocessing.shape), tf.float32, name="normalized")])
+    functions = dict(serving_default=serving_default, predict_pixels=predict_pixels, predict_normalized=predict)
+    for name, signature in contract.SIGNATURES.items():
+        archive.add_endpoint(name, functions[name], [input_spec(signature, preprocessing.shape)])
 
     # Written beside the final folder and renamed: TF Serving, polling `directory`, never
     # sees a half-written version.
@@ -254,17 +238,17 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
     description = dict(
         name=os.path.basename(os.path.normpath(directory)), version=version, class_names=class_names,
         input=dict(dataclasses.asdict(preprocessing), pixel_range=[0, 255]),
-        signatures={name: signature_description(name, preprocessing) for name in SIGNATURES},
-        outputs=list(OUTPUTS), top_k=top_k, network=network.name, formats=list(formats),
+        signatures={name: signature.describe(preprocessing.shape) for name, signature in contract.SIGNATURES.items()},
+        outputs=list(contract.OUTPUTS), top_k=top_k, network=network.name, formats=list(formats),
         folded_batch_norms=getattr(network, "folded_batch_norms", 0),
         exported=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         versions=dict(keras=keras.__version__, tensorflow=tf.__version__, **onnx_versions(formats)),
-        **(dict(onnx=dict(files=onnx_files, outputs=list(ONNX_OUTPUTS),
+        **(dict(onnx=dict(files=onnx_files, outputs=list(contract.ONNX_OUTPUTS),
                           sha256={signature: pretrained.sha256(os.path.join(partial, file))
                                   for signature, file in onnx_files.items()})) if onnx_files else {}),
         **(metadata or {}),
     )
-    with open(os.path.join(partial, METADATA_FILE), "w") as file:
+    with open(os.path.join(partial, contract.METADATA_FILE), "w") as file:
         json.dump(description, file, indent=2)
     os.rename(partial, path)
     if verbose:
@@ -273,6 +257,11 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
         print(f"Exported {network.name} to {path} ({written}{folded}) in {time.perf_counter() - started:.1f} s "
               f"({directory_megabytes(path):.1f} MB).")
     return path
+
+
+def input_spec(signature, image_shape):
+    """The `tf.TensorSpec` of a `contract.Signature`'s input."""
+    return tf.TensorSpec(signature.shape(image_shape), tf.as_dtype(signature.dtype), name=signature.key)
 
 
 def inference_network(network, fold_batch_norms):
@@ -303,7 +292,7 @@ def onnx_versions(formats):
     return dict(onnx=onnx.__version__, tf2onnx=tf2onnx.__version__, onnxruntime=onnxruntime.__version__)
 
 
-class OnnxSignature(keras.Model):
+class OnnxExportModel(keras.Model):
     """One pixel signature of the SavedModel as a Keras model, for ONNX export: pixels
     (uint8, normalised inside the graph) or normalised images (float32) to logits,
     probabilities and class ids. The normalisation is `keras.layers.Normalization`'s
@@ -324,7 +313,7 @@ class OnnxSignature(keras.Model):
 
 
 def export_onnx(network, path, preprocessing, normalization, fold_batch_norms=True):
-    """Writes `<path>/onnx/<signature>.onnx` for the pixel signatures (`ONNX_INPUTS`) with
+    """Writes `<path>/onnx/<signature>.onnx` for the image-array signatures (`contract.ONNX_MODELS`) with
     Keras' ONNX export (tf2onnx), then runs each with onnxruntime on random pixels against
     the network: a model whose logits differ by more than ONNX_TOLERANCE is an error.
     Units in loops are written as separate units (ONNX has no equivalent of the loop),
@@ -341,37 +330,28 @@ def export_onnx(network, path, preprocessing, normalization, fold_batch_norms=Tr
     mean, variance = (keras.ops.convert_to_numpy(value).astype(np.float32)
                       for value in (normalization.mean, normalization.variance))
     pixels = np.random.default_rng(0).integers(0, 256, size=(4, *preprocessing.shape)).astype(np.uint8)
-    os.makedirs(os.path.join(path, ONNX_DIRECTORY), exist_ok=True)
+    os.makedirs(os.path.join(path, contract.ONNX_DIRECTORY), exist_ok=True)
     files = {}
-    for signature, (name, dtype) in ONNX_INPUTS.items():
-        model = OnnxSignature(network, mean, variance) if dtype == tf.uint8 else OnnxSignature(network)
-        inputs = pixels if dtype == tf.uint8 else keras.ops.convert_to_numpy(normalization(pixels.astype(np.float32)))
+    for signature in (contract.SIGNATURES[name] for name in contract.ONNX_MODELS):
+        pixel_input = signature.dtype == "uint8"  # normalised inside the graph
+        model = OnnxExportModel(network, mean, variance) if pixel_input else OnnxExportModel(network)
+        inputs = pixels if pixel_input else keras.ops.convert_to_numpy(normalization(pixels.astype(np.float32)))
         expected = keras.ops.convert_to_numpy(model(inputs)["logits"])  # Keras exports called models only
-        files[signature] = os.path.join(ONNX_DIRECTORY, f"{signature}.onnx")
+        files[signature.name] = contract.onnx_file(signature.name)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # tf2onnx's use of np.object, patched by Keras
-            model.export(os.path.join(path, files[signature]), format="onnx", verbose=False,
-                         input_signature=[tf.TensorSpec((None, *preprocessing.shape), dtype, name=name)])
-        session = onnxruntime.InferenceSession(os.path.join(path, files[signature]),
+            model.export(os.path.join(path, files[signature.name]), format="onnx", verbose=False,
+                         input_signature=[input_spec(signature, preprocessing.shape)])
+        session = onnxruntime.InferenceSession(os.path.join(path, files[signature.name]),
                                                providers=["CPUExecutionProvider"])
-        logits = session.run(["logits"], {name: inputs.astype(dtype.as_numpy_dtype)})[0]
+        logits = session.run(["logits"], {signature.key: inputs.astype(signature.dtype)})[0]
         difference = np.abs(logits - expected).max() / max(np.abs(expected).max(), 1e-6)
         if not difference <= ONNX_TOLERANCE:
-            raise ValueError(f"The ONNX model {files[signature]} computes other logits than the network under "
+            raise ValueError(f"The ONNX model {files[signature.name]} computes other logits than the network under "
                              f"onnxruntime on random pixels: relative difference {difference:.2g}, where float32 "
                              f"rounding stays under {ONNX_TOLERANCE:g} (an untrained deep network can amplify "
                              "rounding that much; a trained one does not). Export with --format saved_model.")
     return files
-
-
-def signature_description(name, preprocessing):
-    height, width, channels = preprocessing.shape
-    return {
-        "serving_default": "images: tf.string [batch], encoded JPEG/PNG/GIF/BMP images of any size",
-        "predict_pixels": f"pixels: tf.uint8 [batch, {height}, {width}, {channels}], 0-255",
-        "predict_normalized": f"normalized: tf.float32 [batch, {height}, {width}, {channels}], "
-                              "(pixels - normalization_mean) / normalization_std",
-    }[name]
 
 
 def next_version(directory):
@@ -392,7 +372,7 @@ def latest_version(directory, kind="saved_model"):
     Raises:
         FileNotFoundError: if `directory` holds no numbered version with one.
     """
-    marker = {"saved_model": "saved_model.pb", "onnx": os.path.join(ONNX_DIRECTORY, "predict_normalized.onnx")}[kind]
+    marker = {"saved_model": "saved_model.pb", "onnx": contract.onnx_file("predict_normalized")}[kind]
     found = [version for version in versions(directory) if os.path.exists(os.path.join(directory, str(version), marker))]
     if not found:
         how = "" if kind == "saved_model" else " --format onnx (or all)"
@@ -408,7 +388,7 @@ def read_metadata(version_path):
     Raises:
         FileNotFoundError, ValueError: naming the file, if it is missing or not a JSON object.
     """
-    return files.read_json(os.path.join(version_path, METADATA_FILE), "export the model again")
+    return files.read_json(os.path.join(version_path, contract.METADATA_FILE), "export the model again")
 
 
 def directory_megabytes(path):

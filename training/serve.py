@@ -27,7 +27,7 @@ and the images' pixels from their headers before anything decodes them. `Batcher
 the network on a bounded pool of threads, off the event loop, and runs the requests that
 arrive while every thread is busy as one batch, TF Serving's request batching. The network
 is the SavedModel on TensorFlow, or (`runtime="onnxruntime"`) the version's ONNX models
-behind the same three signatures (`OnnxSignature`).
+behind the same three signatures (`OnnxRuntimeSignature`).
 """
 
 import asyncio
@@ -53,7 +53,7 @@ from PIL import Image
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from keras_preact import pretrained
-from . import export
+from . import contract, export
 from .defaults import DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT
 
 # The largest request body read: 64 encoded 224 x 224 JPEGs take about 2 MB.
@@ -127,7 +127,7 @@ class ModelServer:
         directory: the model's folder, `saved_models/<name>`.
         max_batch: the most instances one request may hold.
         runtime: "tensorflow" (the SavedModel) or "onnxruntime" (the ONNX models of
-            `export --format onnx|all`, as `OnnxSignature`s with the same signatures).
+            `export --format onnx|all`, as `OnnxRuntimeSignature`s with the same signatures).
     """
 
     def __init__(self, directory, max_batch=DEFAULT_MAX_BATCH, runtime="tensorflow"):
@@ -149,7 +149,7 @@ class ModelServer:
             raise ValueError(f"Could not load the SavedModel {self.path} (a truncated or corrupt saved_model.pb or "
                              f"variables/: export it again): {type(error).__name__}: {str(error)[:300]}") from error
         self.signatures = dict(self.loaded.signatures)
-        check_class_names(self.signatures, self.metadata, os.path.join(self.path, export.METADATA_FILE))
+        check_class_names(self.signatures, self.metadata, os.path.join(self.path, contract.METADATA_FILE))
 
     @functools.cached_property
     def max_separators(self):
@@ -297,7 +297,7 @@ def check_class_names(signatures, metadata, metadata_path):
                              "logits: the metadata belongs to another model. Export the model again.")
 
 
-class OnnxSignature:
+class OnnxRuntimeSignature:
     """A signature of the SavedModel computed with onnxruntime: what `ModelServer` reads of
     a concrete function (`structured_input_signature`, `structured_outputs`, a call with
     the input by name), the same inputs, outputs and preprocessing.
@@ -355,21 +355,20 @@ def onnx_signatures(path, metadata):
         import onnxruntime
     except ImportError:
         raise ImportError(f"--runtime onnxruntime needs the onnx extra: {export.ONNX_EXTRA}") from None
-    metadata_path = os.path.join(path, export.METADATA_FILE)
+    metadata_path = os.path.join(path, contract.METADATA_FILE)
     try:
         preprocessing = export.Preprocessing(**{field: value for field, value in metadata["input"].items()
                                                 if field != "pixel_range"})
         files, digests = metadata["onnx"]["files"], metadata["onnx"].get("sha256", {})
         class_names, top_k = metadata["class_names"], metadata["top_k"]
-        missing = sorted(set(export.ONNX_INPUTS) - set(files))
+        missing = sorted(set(contract.ONNX_MODELS) - set(files))
         if missing:
             raise KeyError(f"onnx.files.{missing[0]}")
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"{metadata_path} does not describe the ONNX models ({type(error).__name__}: {error}): "
                          "export the model again with --format onnx (or all).") from None
-    shape = (None, *preprocessing.shape)
     sessions = {}
-    for signature, (key, dtype) in export.ONNX_INPUTS.items():
+    for signature in contract.ONNX_MODELS:
         file = os.path.join(path, files[signature])
         if signature in digests and os.path.isfile(file) and pretrained.sha256(file) != digests[signature]:
             raise ValueError(f"The ONNX model {file} is not the one exported with {metadata_path}: its SHA-256 "
@@ -381,23 +380,18 @@ def onnx_signatures(path, metadata):
             reason = " ".join(str(error).split())[:200]
             raise ValueError(f"Could not load the ONNX model {file} (missing, empty, truncated or corrupt: export "
                              f"it again): {type(error).__name__}: {reason}") from None
-        check_onnx_session(session, file, key, dtype, shape, len(class_names))
+        check_onnx_session(session, file, contract.SIGNATURES[signature], preprocessing.shape, len(class_names))
         sessions[signature] = session
     if not digests:
         warnings.warn(f"{metadata_path} records no SHA-256 of the ONNX models (exported by an older keras-preact): "
                       "they were checked by their inputs and outputs only.", stacklevel=2)
-    specs = {"serving_default": ("images", tf.TensorSpec((None,), tf.string, "images"), "predict_normalized"),
-             "predict_pixels": ("pixels", tf.TensorSpec(shape, tf.uint8, "pixels"), "predict_pixels"),
-             "predict_normalized": ("normalized", tf.TensorSpec(shape, tf.float32, "normalized"), "predict_normalized")}
-    return {name: OnnxSignature(sessions[onnx_name], key, spec, preprocessing, class_names, top_k)
-            for name, (key, spec, onnx_name) in specs.items()}
+    return {name: OnnxRuntimeSignature(sessions[signature.onnx_model], signature.key,
+                                       export.input_spec(signature, preprocessing.shape), preprocessing, class_names,
+                                       top_k)
+            for name, signature in contract.SIGNATURES.items()}
 
 
-# onnxruntime's names of the input types export writes (`export.ONNX_INPUTS`).
-ONNX_TYPES = {tf.uint8: "tensor(uint8)", tf.float32: "tensor(float)"}
-
-
-def check_onnx_session(session, file, key, dtype, shape, classes):
+def check_onnx_session(session, file, signature, image_shape, classes):
     """Raises a ValueError naming `file` where its model is not the signature's: another input
     (the two files swapped), another image shape, or other outputs or classes (another model)."""
     def dimensions(tensor):  # a named dynamic dimension ('unk__181', 'batch') as None
@@ -405,15 +399,15 @@ def check_onnx_session(session, file, key, dtype, shape, classes):
 
     inputs, outputs = session.get_inputs(), {output.name: output for output in session.get_outputs()}
     received = [(tensor.name, tensor.type, dimensions(tensor)) for tensor in inputs]
-    expected = [(key, ONNX_TYPES[dtype], list(shape))]
+    expected = [(signature.key, contract.ONNX_TYPES[signature.dtype], list(signature.shape(image_shape)))]
     if received != expected:
         raise ValueError(f"The ONNX model {file} takes {received}, where its signature takes {expected}: the file "
                          "belongs to another signature or model. Export the model again.")
     logits = outputs.get("logits")
-    if sorted(outputs) != sorted(export.ONNX_OUTPUTS) or logits is None or logits.shape[-1] != classes:
+    if sorted(outputs) != sorted(contract.ONNX_OUTPUTS) or logits is None or logits.shape[-1] != classes:
         found = {name: dimensions(outputs[name]) for name in sorted(outputs)}
         raise ValueError(f"The ONNX model {file} answers {found}, where metadata.json's {classes} classes need "
-                         f"{list(export.ONNX_OUTPUTS)} with {classes} logits: the file belongs to another model. "
+                         f"{list(contract.ONNX_OUTPUTS)} with {classes} logits: the file belongs to another model. "
                          "Export the model again.")
 
 
@@ -887,4 +881,4 @@ def onnx_servable(directory):
     except ImportError:
         return False
     newest = max(export.versions(directory), default=None)
-    return newest is not None and os.path.exists(os.path.join(directory, str(newest), export.ONNX_DIRECTORY))
+    return newest is not None and os.path.exists(os.path.join(directory, str(newest), contract.ONNX_DIRECTORY))

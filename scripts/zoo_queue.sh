@@ -2,6 +2,8 @@
 # The zoo's training runs still to do (issue 26), in order: each session starts this
 # script again (`nohup scripts/zoo_queue.sh &`), and it resumes the first unfinished run
 # from its last checkpoint (a run is finished when its folder holds summary.json).
+# Run it from a clone of main outside the work tree (git clone . ~/.cache/keras-preact/runner;
+# with PYTHON=<work tree>/.venv/bin/python), so that edits in progress never change a queued run.
 # Runs go to ~/.cache/keras-preact/runs/<name>, at nice 10 so that tests come first;
 # `kill -STOP` / `kill -CONT` the python process to pause one for a benchmark.
 #

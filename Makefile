@@ -6,10 +6,11 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test test-tensorflow test-jax test-torch clean
 
-# PyTorch's CPU build first, from its own index (PyPI's build brings CUDA's libraries).
+# Everything from the package registry (the torch extra's pinned version: this machine's
+# registry holds its CPU build; elsewhere add --extra-index-url https://download.pytorch.org/whl/cpu
+# to get it instead of the CUDA build).
 $(VENV)/installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check "torch>=2.4" --index-url https://download.pytorch.org/whl/cpu
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[training,test,torch]"
 	touch $@
 

@@ -268,6 +268,11 @@ def _norm(tensor):
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
+def _unsupported(backend):
+    return ValueError(f"keras_preact.analysis computes gradients on the {', '.join(BACKENDS)} backends. "
+                      f"Received: {backend}")
+
+
 def _gradients(forward, variables, probes):
     """((d loss / d variables, d loss / d probes), (unit inputs, unit outputs)), statelessly."""
     backend = keras.backend.backend()
@@ -299,8 +304,7 @@ def _gradients(forward, variables, probes):
             loss, inputs, outputs = forward(probes)
         gradients = torch.autograd.grad(loss, values + probes, allow_unused=True)
         return (list(gradients[:len(values)]), list(gradients[len(values):])), (inputs, outputs)
-    raise ValueError(f"keras_preact.analysis computes gradients on the {' and '.join(BACKENDS)} backends. "
-                     f"Received: {backend}")
+    raise _unsupported(backend)
 
 
 def _jacobian(function, inputs):
@@ -333,7 +337,7 @@ def _jacobian(function, inputs):
 
         # vectorize: all rows in one batched backward pass (torch.vmap), not one pass per row.
         with torch.enable_grad():
-            jacobian = torch.autograd.functional.jacobian(stateless, keras.ops.convert_to_tensor(inputs), vectorize=True)
+            jacobian = torch.autograd.functional.jacobian(stateless, keras.ops.convert_to_tensor(inputs),
+                                                          vectorize=True)
         return keras.ops.convert_to_numpy(jacobian).reshape(size, size)
-    raise ValueError(f"keras_preact.analysis computes gradients on the {' and '.join(BACKENDS)} backends. "
-                     f"Received: {backend}")
+    raise _unsupported(backend)

@@ -36,7 +36,8 @@ import onnxruntime  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_preact  # noqa: E402
-from keras_preact_training import configs, contract, export  # noqa: E402
+from keras_preact_training import configs, export  # noqa: E402
+from keras_preact_training.serving import contract  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from training_throughput import machine  # noqa: E402
@@ -108,7 +109,7 @@ def main():
             if re.search(r"conv3[/_]kernel$", weight.path):
                 weight.assign(weight * 0.1)
         pixels = np.random.default_rng(0).integers(0, 256, size=(64, *CIFAR.shape)).astype("float32")
-        normalized = np.asarray(CIFAR.normalization()(pixels), "float32")
+        normalized = np.asarray(export.normalization_layer(CIFAR)(pixels), "float32")
         keras_preact.analysis.set_batch_norm_statistics(network, normalized)
         with tempfile.TemporaryDirectory() as directory:
             exported = exports(network, os.path.join(directory, name))

@@ -56,6 +56,10 @@ from tests.test_serving_battery import animated_gif_bomb  # noqa: E402
 from training_throughput import machine  # noqa: E402
 
 HALF_OPEN_CONNECTIONS = 300
+# Issue 27's targets for the onnxruntime server on an idle machine: seconds from process
+# start to its first answer, and resident megabytes after the load for the zoo's ResNet-56.
+FIRST_ANSWER_SECONDS = 2.0
+RESIDENT_MEGABYTES = 200
 IMAGES = 64  # different JPEGs the clients cycle through
 
 
@@ -72,13 +76,27 @@ class Served:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        self.process = subprocess.Popen([sys.executable, "-m", "keras_preact_training", "serve", model_dir, "--port", str(self.port),
+        # `-m training` from `source`: the working directory's package, not the installed one.
+        started = time.perf_counter()
+        self.process = subprocess.Popen([sys.executable, "-m", "training", "serve", model_dir, "--port", str(self.port),
                                         *options],
                                         cwd=source, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.process.stdout.readline()
         if not line.startswith("Serving"):
             raise RuntimeError(f"the server did not start: {line!r}")
+        self.runtime = line.split(", ")[-1].split(")")[0]
         self.path = f"/v1/models/{os.path.basename(model_dir)}:predict"
+        self.first_answer = self.time_to_first_answer(started)
+
+    def time_to_first_answer(self, started):
+        """Seconds from the process's start to its first answered request (one JPEG)."""
+        body = jpeg_bodies()[0]
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        status = post(connection, self.path, body)[0]
+        connection.close()
+        if status != 200:
+            raise RuntimeError(f"the server's first answer was HTTP {status}")
+        return time.perf_counter() - started
 
     def resident_megabytes(self):
         with open(f"/proc/{self.process.pid}/status") as status:
@@ -148,7 +166,7 @@ def half_open(served, bodies, expected):
     for connection in held:
         connection.setblocking(False)
         try:
-            while data := connection.recv(65536):  # a timeout answer, then the close
+            while connection.recv(65536):  # a timeout answer, then the close
                 pass
             closed += 1
         except BlockingIOError:
@@ -226,8 +244,9 @@ def main():
     print(f"machine: {machine()}; server code: {arguments.source} {arguments.server_options}; "
           f"BatchNorm {'folded' if arguments.fold else 'not folded'}")
     bodies = jpeg_bodies()
-    print("| model | runtime | clients x requests | requests/s | p50 ms | p95 ms | resets/failures | 503 | wrong |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| model | runtime | first answer s | clients x requests | requests/s | p50 ms | p95 ms | resets/failures | "
+          "503 | wrong | resident MB after |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as directory:
         for index, name in enumerate(arguments.models):
             path, _ = exported(name, directory, formats=("saved_model", "onnx"), fold_batch_norms=arguments.fold)
@@ -246,9 +265,16 @@ def serve_model(name, runtime, attacks, model_dir, bodies, arguments):
         warm = served.resident_megabytes()
         for clients in arguments.clients:
             figures = load(served, bodies, expected, clients, arguments.requests)
-            print(f"| {name} | {runtime} | {clients} x {arguments.requests} | {figures['rate']:.1f} | "
-                  f"{1000 * figures['p50']:.0f} | {1000 * figures['p95']:.0f} | {figures['failures']} | "
-                  f"{figures['unavailable']} | {figures['wrong']} |", flush=True)
+            print(f"| {name} | {served.runtime} | {served.first_answer:.2f} | {clients} x {arguments.requests} | "
+                  f"{figures['rate']:.1f} | {1000 * figures['p50']:.0f} | {1000 * figures['p95']:.0f} | "
+                  f"{figures['failures']} | {figures['unavailable']} | {figures['wrong']} | "
+                  f"{served.resident_megabytes():.0f} |", flush=True)
+        if served.runtime == "onnxruntime":
+            resident = served.resident_megabytes()
+            print(f"{name}: onnxruntime targets: first answer {served.first_answer:.2f} s (<= {FIRST_ANSWER_SECONDS:g} "
+                  f"s: {'met' if served.first_answer <= FIRST_ANSWER_SECONDS else 'missed'}); resident after the load "
+                  f"{resident:.0f} MB (<= {RESIDENT_MEGABYTES} MB for resnet56: "
+                  f"{'met' if resident <= RESIDENT_MEGABYTES else 'missed'})", flush=True)
         if attacks:
             normal, closed = half_open(served, bodies, expected)
             print(f"{name}: {HALF_OPEN_CONNECTIONS} half-open connections held: 8 clients x 20 requests "

@@ -11,7 +11,6 @@ mean and standard deviation on the 0-255 scale, as in training), or 0-255 pixels
 built with `include_preprocessing=True`; `decode_predictions` names the classes.
 """
 
-import hashlib
 import json
 import os
 
@@ -19,6 +18,7 @@ import keras
 from keras import ops
 
 from keras_preact import defaults
+from keras_preact.checksums import sha256
 
 WEIGHTS_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights")
 REGISTRY_FILE = os.path.join(WEIGHTS_DIRECTORY, "registry.json")
@@ -118,14 +118,6 @@ def verified_file(entry):
             f"{entry['sha256']}. Reinstall keras-preact. Received: sha256={received}"
         )
     return path
-
-
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def preprocess_input(images, dataset="cifar10"):

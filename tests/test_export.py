@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 import keras_preact
-from keras_preact_training import configs, contract, data, export
+from keras_preact_training import configs, data, export
+from keras_preact_training.serving import contract
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
@@ -98,7 +99,7 @@ def test_versioned_layout_and_metadata(resnet20_export):
     network, path, _ = resnet20_export
     assert os.path.basename(path) == "1"
     assert {"saved_model.pb", "variables", contract.METADATA_FILE} <= set(os.listdir(path))
-    metadata = export.read_metadata(path)
+    metadata = contract.read_metadata(path)
     assert metadata["name"] == "cifar10_resnet20" and metadata["version"] == 1
     assert metadata["class_names"] == CIFAR_CLASSES and metadata["network"] == network.name
     assert metadata["input"] == dict(image_size=32, channels=3, normalization_mean=[125.3, 123.0, 113.9],
@@ -184,7 +185,7 @@ def test_encoded_images_are_preprocessed_as_in_training(resnet20_export, cifar_f
     assert_outputs_match(outputs, expected)
     # Any image size: a 48 x 40 JPEG is resized to 32 x 32 as the training pipeline resizes.
     large = tf.io.encode_jpeg(tf.image.resize(tf.io.decode_jpeg(encoded[0]), (48, 40), "nearest")).numpy()
-    resized = np.array(data.resize(tf.io.decode_image(large, channels=3), 32))[None]
+    resized = np.array(data.resize(data.decode_image(large, 3), 32))[None]
     expected = expected_outputs(network, normalize(resized, CIFAR), CIFAR_CLASSES, 5)
     assert_outputs_match(tf.saved_model.load(path).signatures["serving_default"](images=tf.constant([large])), expected)
 
@@ -215,7 +216,7 @@ def test_versions_count_up_and_are_never_overwritten(resnet20_export, tmp_path):
     first = export.export_saved_model(network, directory, CIFAR_CLASSES, CIFAR, verbose=False)
     second = export.export_saved_model(network, directory, CIFAR_CLASSES, CIFAR, verbose=False)
     assert [os.path.basename(first), os.path.basename(second)] == ["1", "2"]
-    assert export.latest_version(directory) == second
+    assert contract.latest_version(directory) == second
     with pytest.raises(FileExistsError, match="Received: version=2"):
         export.export_saved_model(network, directory, CIFAR_CLASSES, CIFAR, version=2, verbose=False)
     assert sorted(os.listdir(directory)) == ["1", "2"]  # nothing half-written left behind
@@ -246,7 +247,7 @@ def test_a_classifier_whose_layers_are_no_chain_exports_unfolded(tmp_path):
     outputs = keras.layers.Dense(10, activation="softmax")(keras.layers.GlobalAveragePooling2D()(joined))
     network = calibrated(keras.Model(inputs, outputs), CIFAR, random_pixels(8, CIFAR))
     path = export.export_saved_model(network, str(tmp_path / "model"), CIFAR_CLASSES, CIFAR, verbose=False)
-    assert export.read_metadata(path)["folded_batch_norms"] == 0
+    assert contract.read_metadata(path)["folded_batch_norms"] == 0
     assert_signatures_match(network, path, CIFAR, CIFAR_CLASSES, random_pixels(8, CIFAR, seed=3))
 
 
@@ -274,7 +275,7 @@ def test_bad_preprocessing_is_a_clear_error(arguments, message):
 def test_missing_version_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"No version folder with a SavedModel \(<directory>/<number>/"
                                                 r"saved_model.pb\) in "):
-        export.latest_version(str(tmp_path))
+        contract.latest_version(str(tmp_path))
 
 
 def test_export_command_exports_a_run_and_predicts_with_the_reloaded_model(tmp_path):
@@ -291,7 +292,7 @@ def test_export_command_exports_a_run_and_predicts_with_the_reloaded_model(tmp_p
     path = os.path.join(output, "digits_resnet20", "1")
     assert f"Exported resnet20 to {path}" in result.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    metadata = export.read_metadata(path)
+    metadata = contract.read_metadata(path)
     assert metadata["test_error"] == summary["test_error"] and metadata["training_config"] == summary["config"]
     assert metadata["input"]["channels"] == 1 and metadata["input"]["normalization_mean"] == [77.89]
     # The first test digit is a 2 (scikit-learn's 1,438th); the line names the SavedModel's top 3.
@@ -324,9 +325,9 @@ def test_export_command_without_a_run_is_a_clear_error(tmp_path):
 
 
 def test_the_contract_is_importable_without_tensorflow_and_names_every_onnx_model():
-    """training.contract: what export writes and serving reads, with no TensorFlow import (an
+    """training.serving.contract: what export writes and serving reads, with no TensorFlow import (an
     onnxruntime server can read it), one ONNX model per image-array signature."""
-    code = ("import sys; from keras_preact_training import contract; "
+    code = ("import sys; from keras_preact_training.serving import contract; "
             "print(sorted(contract.SIGNATURES), contract.ONNX_MODELS, 'tensorflow' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr

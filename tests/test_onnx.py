@@ -11,7 +11,8 @@ import pytest
 import keras_preact
 from keras_preact import pretrained
 from tests.test_export import BATCH_SIZES, CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
-from keras_preact_training import contract, export
+from keras_preact_training import export
+from keras_preact_training.serving import contract
 from tests.conftest import KERAS_PREACT
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed: pip install "
@@ -23,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def assert_onnx_matches(network, path, pixels):
     """Both ONNX models under onnxruntime equal the Keras model at each batch size."""
-    metadata = export.read_metadata(path)
+    metadata = contract.read_metadata(path)
     assert metadata["onnx"] == dict(files={"predict_pixels": "onnx/predict_pixels.onnx",
                                            "predict_normalized": "onnx/predict_normalized.onnx"},
                                     outputs=["logits", "probabilities", "class_ids"],
@@ -61,7 +62,7 @@ def test_onnx_models_equal_the_keras_model(tmp_path, build):
     path = export.export_saved_model(network, str(tmp_path / "model"), CIFAR_CLASSES, CIFAR, formats=("onnx",),
                                      verbose=False)
     assert sorted(os.listdir(path)) == ["metadata.json", "onnx"]  # no SavedModel asked for
-    assert export.read_metadata(path)["formats"] == ["onnx"]
+    assert contract.read_metadata(path)["formats"] == ["onnx"]
     assert_onnx_matches(network, path, pixels)
 
 
@@ -95,7 +96,7 @@ def test_export_command_writes_both_formats_of_the_shipped_weights(tmp_path):
             f"onnx/predict_normalized.onnx in {path}") in result.stdout
     assert "docs/cifar10/cat_0000.jpg  cat " in result.stdout  # the SavedModel's check, as before
     assert {"saved_model.pb", "onnx", "metadata.json"} <= set(os.listdir(path))
-    metadata = export.read_metadata(str(path))
+    metadata = contract.read_metadata(str(path))
     assert metadata["formats"] == ["saved_model", "onnx"] and metadata["folded_batch_norms"] == 10
     assert set(metadata["versions"]) == {"keras", "tensorflow", "onnx", "tf2onnx", "onnxruntime"}
 

@@ -26,7 +26,7 @@ def test_the_wheel_installs_no_top_level_training_module_and_the_console_command
         entry_points = wheel.read(next(name for name in names if name.endswith(".dist-info/entry_points.txt")))
     top_level = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top_level == {"keras_preact", "keras_preact_training"}
-    assert "keras_preact_training/serve.py" in names and "keras_preact/weights/registry.json" in names
+    assert "keras_preact_training/serving/server.py" in names and "keras_preact/weights/registry.json" in names
     assert "keras-preact = keras_preact_training.cli:main" in entry_points.decode()
 
 

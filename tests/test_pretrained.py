@@ -173,11 +173,11 @@ def small_cifar(cifar_folder, tmp_path):
 def test_evaluate_gives_the_error_and_per_class_accuracy_of_the_model(shipped, small_cifar, capsys):
     import tensorflow as tf
 
-    from keras_preact_training import cli, evaluate
+    from keras_preact_training import cli, data, evaluate
 
     trained, path = shipped
     paths = sorted((small_cifar / "test").glob("*/*.jpg"))
-    pixels = np.stack([np.array(tf.io.decode_jpeg(tf.io.read_file(str(file)), channels=3)) for file in paths])
+    pixels = np.stack([np.array(data.decode_image(tf.io.read_file(str(file)), 3)) for file in paths])
     labels = np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
     predicted = np.argmax(keras.ops.convert_to_numpy(trained(keras_preact.preprocess_input(pixels))), axis=-1)
     for weights in ("cifar10", str(path)):
@@ -199,11 +199,11 @@ def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_c
     error beside it unchanged."""
     import tensorflow as tf
 
-    from keras_preact_training import cli, evaluate
+    from keras_preact_training import cli, data, evaluate
 
     network = keras_preact.ResNet20(weights="cifar10", include_preprocessing=True)
     paths = sorted((small_cifar / "test").glob("*/*.jpg"))
-    pixels = np.stack([np.array(tf.io.decode_jpeg(tf.io.read_file(str(file)), channels=3)) for file in paths])
+    pixels = np.stack([np.array(data.decode_image(tf.io.read_file(str(file)), 3)) for file in paths])
     labels = np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
     probabilities = keras.ops.convert_to_numpy(network(pixels.astype("float32")))
     mirrored = keras.ops.convert_to_numpy(network(pixels[:, :, ::-1].astype("float32")))
@@ -288,7 +288,8 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
 def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipped, tmp_path, capsys):
     import tensorflow as tf
 
-    from keras_preact_training import cli, export
+    from keras_preact_training import cli, data, export
+    from keras_preact_training.serving import contract
 
     trained, _ = shipped
     images = sorted(str(path) for path in (ROOT / "docs" / "cifar10").glob("*.jpg"))
@@ -297,10 +298,10 @@ def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipp
     assert cli.main(arguments + images) == 0
     printed = capsys.readouterr().out.splitlines()
     version = tmp_path / "cifar10_resnet20" / "1"
-    metadata = export.read_metadata(str(version))
+    metadata = contract.read_metadata(str(version))
     assert metadata["model"] == "resnet20" and metadata["test_error"] == 0.5
     assert metadata["weights"]["sha256"] == pretrained.registry()["cifar10"]["resnet20"]["sha256"]
-    pixels = np.stack([np.array(tf.io.decode_jpeg(tf.io.read_file(image), channels=3)) for image in images])
+    pixels = np.stack([np.array(data.decode_image(tf.io.read_file(image), 3)) for image in images])
     probabilities = keras.ops.convert_to_numpy(trained(keras_preact.preprocess_input(pixels), training=False))
     expected = keras_preact.decode_predictions(probabilities, top=3)
     classified = export.classify(str(version), export.read_image_files(images))
@@ -354,13 +355,13 @@ def test_shipped_network_gives_its_registry_error_on_the_cifar10_test_set(cifar_
 def test_exported_shipped_network_classifies_real_jpegs_as_keras(cifar_folder, tmp_path, name):
     import tensorflow as tf
 
-    from keras_preact_training import export
+    from keras_preact_training import data, export
 
     paths = [os.path.join(cifar_folder, "test", label, f"{index:04d}.jpg")
              for label in pretrained.CIFAR10_CLASSES for index in range(10)]
     version = export.export_shipped(name, output=str(tmp_path), verbose=False)
     classified = export.classify(version, export.read_image_files(paths))
-    pixels = np.stack([np.array(tf.io.decode_jpeg(tf.io.read_file(path), channels=3)) for path in paths])
+    pixels = np.stack([np.array(data.decode_image(tf.io.read_file(path), 3)) for path in paths])
     model = keras_preact.get_model(name, weights="cifar10", include_preprocessing=True)
     expected = keras_preact.decode_predictions(model.predict(pixels, verbose=0), top=1)
     assert [ranked[0][0] for ranked in classified] == [best[0][1] for best in expected]

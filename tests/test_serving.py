@@ -23,7 +23,12 @@ from PIL import Image
 
 import keras_preact
 from tests.test_export import CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
-from keras_preact_training import contract, export, serve
+from keras_preact_training import data, export
+from keras_preact_training.serving import contract
+from keras_preact_training.serving.batching import Batcher
+from keras_preact_training.serving.model import RUNTIMES, ModelServer
+from keras_preact_training.serving.requests import Parsed
+from keras_preact_training.serving.server import onnx_servable
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
@@ -43,8 +48,8 @@ def b64(encoded):
 
 
 class Client:
-    def __init__(self, url):
-        self.url = url
+    def __init__(self, url, runtime=None):
+        self.url, self.runtime = url, runtime
 
     def get(self, path):
         return self.send(urllib.request.Request(self.url + path))
@@ -96,29 +101,23 @@ def exported(tmp_path_factory):
     return export_resnet20(tmp_path_factory, seed=3)
 
 
-@pytest.fixture(scope="module")
-def served(exported):
-    """`exported` served with TensorFlow on 127.0.0.1: for what does not depend on the runtime."""
-    network, pixels, directory = exported
-    server, port = start_server(directory, "--max-batch", str(MAX_BATCH), "--runtime", "tensorflow")
-    yield network, Client(f"http://127.0.0.1:{port}"), pixels, directory
-    stop_server(server)
-
-
-@pytest.fixture(scope="module", params=serve.RUNTIMES)
-def served_by_each_runtime(exported, request):
-    """`exported` served with each runtime: the SavedModel on TensorFlow, the ONNX models on onnxruntime."""
+@pytest.fixture(scope="module", params=tuple(RUNTIMES))
+def served(exported, request):
+    """`exported` served on 127.0.0.1 with each runtime: the SavedModel on TensorFlow, the
+    ONNX models on onnxruntime (every test of the API and of hostile input runs on both)."""
     network, pixels, directory = exported
     server, port = start_server(directory, "--max-batch", str(MAX_BATCH), "--runtime", request.param)
-    yield network, Client(f"http://127.0.0.1:{port}"), pixels, directory
+    yield network, Client(f"http://127.0.0.1:{port}", request.param), pixels, directory
     stop_server(server)
 
 
 @pytest.fixture(scope="module")
 def limited(served):
-    """The same model served with one request in flight at most and a 4 s request timeout
-    (2 s cut off a whole request once, on 2 cores that three other jobs shared)."""
-    server, port = start_server(served[3], "--max-in-flight", "1", "--request-timeout", "4")
+    """The same model, on the same runtime, served with one request in flight at most and a
+    4 s request timeout (2 s cut off a whole request once, on 2 cores that three other jobs
+    shared)."""
+    server, port = start_server(served[3], "--runtime", served[1].runtime, "--max-in-flight", "1",
+                                "--request-timeout", "4")
     yield port
     stop_server(server)
 
@@ -129,7 +128,7 @@ def jpegs(pixels):
 
 def decoded(encoded):
     """The pixels the server sees for JPEG bytes (JPEG is lossy; decoding is deterministic)."""
-    return np.stack([tf.io.decode_jpeg(image).numpy() for image in encoded])
+    return np.stack([data.decode_image(image, 3).numpy() for image in encoded])
 
 
 def assert_prediction_matches(prediction, expected, row):
@@ -140,8 +139,8 @@ def assert_prediction_matches(prediction, expected, row):
     np.testing.assert_allclose(prediction["scores"], expected["scores"][row], atol=1e-5)
 
 
-def test_status_and_metadata(served_by_each_runtime):
-    _, client, _, _ = served_by_each_runtime
+def test_status_and_metadata(served):
+    _, client, _, _ = served
     assert client.get("/v1/models/cifar10_resnet20") == (200, {"model_version_status": [
         {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]})
     assert client.get("/v1/models/cifar10_resnet20/versions/1")[0] == 200
@@ -153,8 +152,8 @@ def test_status_and_metadata(served_by_each_runtime):
     assert metadata["metadata"]["keras_preact"]["class_names"] == CIFAR_CLASSES
 
 
-def test_row_format_predictions_equal_the_keras_model(served_by_each_runtime):
-    network, client, pixels, _ = served_by_each_runtime
+def test_row_format_predictions_equal_the_keras_model(served):
+    network, client, pixels, _ = served
     encoded = jpegs(pixels[:4])
     expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 5)
     status, response = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(image) for image in encoded]})
@@ -168,8 +167,8 @@ def test_row_format_predictions_equal_the_keras_model(served_by_each_runtime):
     assert status == 200 and named == response
 
 
-def test_columnar_format_and_the_other_signatures(served_by_each_runtime):
-    network, client, pixels, _ = served_by_each_runtime
+def test_columnar_format_and_the_other_signatures(served):
+    network, client, pixels, _ = served
     batch = pixels[:3]
     expected = expected_outputs(network, normalize(batch, CIFAR), CIFAR_CLASSES, 5)
     status, response = client.post("/v1/models/cifar10_resnet20:predict",
@@ -184,8 +183,8 @@ def test_columnar_format_and_the_other_signatures(served_by_each_runtime):
         assert_prediction_matches(prediction, expected, row)
 
 
-def test_query_command_prints_top_classes(served_by_each_runtime, tmp_path):
-    network, client, pixels, directory = served_by_each_runtime
+def test_query_command_prints_top_classes(served, tmp_path):
+    network, client, pixels, directory = served
     encoded = jpegs(pixels[5:7])
     paths = []
     for index, image in enumerate(encoded):
@@ -291,9 +290,9 @@ def truncated_jpeg(pixels):
          "5,000-digit version", "list signature", "dict signature", "100,000-deep JSON", "5,000-digit number",
          "too large for float32", "non-finite outputs"],
 )
-def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served_by_each_runtime, path, body, status,
+def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served, path, body, status,
                                                                     message):
-    _, client, pixels, _ = served_by_each_runtime
+    _, client, pixels, _ = served
     answer_status, answer = client.post(f"/v1/models/cifar10_resnet20{path}", body(pixels))
     assert answer_status == status and sorted(answer) == ["error"]
     assert re.search(message, answer["error"]), answer["error"]
@@ -363,9 +362,9 @@ def test_unknown_model_and_routes_are_not_found(served):
     assert client.post("/v1/models/cifar10_resnet20/metadata", {})[0] == 405
 
 
-def test_concurrent_clients_are_all_answered_correctly(served_by_each_runtime):
+def test_concurrent_clients_are_all_answered_correctly(served):
     """8 clients x 50 requests at once, each request 1-3 different images: every answer right."""
-    network, client, _, _ = served_by_each_runtime
+    network, client, _, _ = served
     pixels = random_pixels(24, CIFAR, seed=4)
     encoded = jpegs(pixels)
     expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 5)
@@ -472,17 +471,17 @@ def png_header(width, height):
     (lambda: [png_header(100_000, 100_000)], "Instance 0 of 'images' is too large: Image size (10000000000 pixels) "
      "exceeds limit of 178956970 pixels, could be decompression bomb DOS attack."),
 ], ids=["one image", "the request's images", "a header alone", "a header past Pillow's own bound"])
-def test_image_bombs_are_refused_from_their_headers_before_decoding(served_by_each_runtime, images, message):
-    _, client, _, _ = served_by_each_runtime
+def test_image_bombs_are_refused_from_their_headers_before_decoding(served, images, message):
+    _, client, _, _ = served
     status, answer = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(image)
                                                                                         for image in images()]})
     assert (status, answer) == (413, {"error": message})
 
 
-def test_requests_batched_together_are_answered_each_its_own(served_by_each_runtime):
+def test_requests_batched_together_are_answered_each_its_own(served):
     """Good and undecodable requests from 8 clients at once: the server runs waiting requests
     as one batch, and each gets its own answer (a bad image fails its request alone)."""
-    network, client, pixels, _ = served_by_each_runtime
+    network, client, pixels, _ = served
     encoded = jpegs(pixels)
     expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 5)
 
@@ -528,8 +527,8 @@ def test_requests_that_wait_while_every_thread_is_busy_run_as_one_batch(batching
     sizes = [("a", 1), ("a", 1), ("a", 3), ("a", 4), ("b", 2), ("a", 2), ("a", 1)]
 
     async def run():
-        batcher = serve.Batcher(model, threads=2, batching=batching)
-        requests = [serve.Parsed(signature, "images", [index] * size, row_format=True)
+        batcher = Batcher(model, threads=2, batching=batching)
+        requests = [Parsed(signature, "images", [index] * size, row_format=True)
                     for index, (signature, size) in enumerate(sizes)]
         answers = [asyncio.ensure_future(batcher.infer(request)) for request in requests]
         await asyncio.sleep(0.2)  # every request waits or runs
@@ -553,8 +552,8 @@ def test_onnxruntime_answers_real_jpegs_as_the_saved_model_does(exported, cifar_
         with open(file, "rb") as image:
             encoded.append(b64(image.read()))
     body = json.dumps({"instances": encoded}).encode()
-    answers = {runtime: serve.ModelServer(str(directory), runtime=runtime).predict(body)["predictions"]
-               for runtime in serve.RUNTIMES}
+    answers = {runtime: ModelServer(str(directory), runtime=runtime).predict(body)["predictions"]
+               for runtime in tuple(RUNTIMES)}
     assert len(answers["onnxruntime"]) == 12
     for saved_model, onnx in zip(answers["tensorflow"], answers["onnxruntime"], strict=True):
         assert onnx["classes"] == saved_model["classes"] and onnx["class_ids"] == saved_model["class_ids"]
@@ -566,5 +565,5 @@ def test_onnxruntime_answers_real_jpegs_as_the_saved_model_does(exported, cifar_
     shutil.rmtree(saved_model_only / "1" / "onnx")
     with pytest.raises(FileNotFoundError, match=r"^No version folder with ONNX models \(<directory>/<number>/"
                                                 r"onnx/predict_normalized.onnx\) in .*export --format onnx \(or all\)"):
-        serve.ModelServer(str(saved_model_only), runtime="onnxruntime")
-    assert not serve.onnx_servable(str(saved_model_only)) and serve.onnx_servable(str(directory))
+        ModelServer(str(saved_model_only), runtime="onnxruntime")
+    assert not onnx_servable(str(saved_model_only)) and onnx_servable(str(directory))

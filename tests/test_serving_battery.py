@@ -24,7 +24,12 @@ from tests.test_export import CIFAR, calibrated, random_pixels
 from tests.test_serving import (PREDICT, Client, b64, export_resnet20, free_port, jpegs, raw_exchange, serve_command,
                                 start_server, stop_server)
 from keras_preact_training import client as query_client
-from keras_preact_training import contract, export, serve
+from keras_preact_training import data, export
+from keras_preact_training.serving import contract
+from keras_preact_training.serving.batching import Batcher
+from keras_preact_training.serving.model import RUNTIMES, ModelServer
+from keras_preact_training.serving.requests import Parsed
+from keras_preact_training.serving.server import listening_socket
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
@@ -42,7 +47,7 @@ def exported(tmp_path_factory):
     return export_resnet20(tmp_path_factory, seed=5)[2]
 
 
-@pytest.fixture(scope="module", params=serve.RUNTIMES)
+@pytest.fixture(scope="module", params=tuple(RUNTIMES))
 def served(exported, request):
     """`exported` served with each runtime, batching on, 64 instances a request at most."""
     server, port = start_server(exported, "--max-batch", str(MAX_BATCH), "--runtime", request.param)
@@ -72,7 +77,7 @@ class BlockingModel:
 
 def run_batcher(model, requests, threads=2):
     async def run():
-        batcher = serve.Batcher(model, threads=threads)
+        batcher = Batcher(model, threads=threads)
         answers = [asyncio.ensure_future(batcher.infer(request)) for request in requests]
         await asyncio.sleep(0.2)  # the first two run (blocked), the others wait
         model.release.set()
@@ -83,7 +88,7 @@ def run_batcher(model, requests, threads=2):
 
 
 def pixel_request(instances, value):
-    return serve.Parsed("predict_pixels", "pixels", np.full((instances, *CIFAR.shape), value, np.uint8), True)
+    return Parsed("predict_pixels", "pixels", np.full((instances, *CIFAR.shape), value, np.uint8), True)
 
 
 def test_waiting_pixel_requests_are_batched_and_all_answered():
@@ -99,7 +104,7 @@ def test_waiting_pixel_requests_are_batched_and_all_answered():
     assert model.calls == [[1], [1], [60, 1], [10]] and idle == 2
 
 
-class Unmeasurable(serve.Parsed):
+class Unmeasurable(Parsed):
     """A request whose size cannot be read: batch assembly fails on it."""
 
     def __len__(self):
@@ -128,7 +133,7 @@ def test_a_network_that_answers_too_few_requests_fails_the_batch_and_frees_the_s
 def soak_pool(count=24):
     """`count` images in each signature's form: JPEG bytes, their decoded pixels, normalised."""
     encoded = jpegs(random_pixels(count, CIFAR, seed=11))
-    pixels = np.stack([tf.io.decode_jpeg(image).numpy() for image in encoded])
+    pixels = np.stack([data.decode_image(image, 3).numpy() for image in encoded])
     normalized = (pixels - np.array(CIFAR.normalization_mean)) / np.array(CIFAR.normalization_std)
     return {"serving_default": [b64(image) for image in encoded], "predict_pixels": pixels.tolist(),
             "predict_normalized": normalized.astype(np.float32).tolist()}
@@ -189,7 +194,7 @@ def test_mixed_signatures_under_load_every_answer_equal_to_the_single_one(served
     assert client.get("/v1/models/cifar10_resnet20")[0] == 200
 
 
-@pytest.fixture(scope="module", params=serve.RUNTIMES)
+@pytest.fixture(scope="module", params=tuple(RUNTIMES))
 def soak_served(exported, request):
     """`exported` served with each runtime for the full soak, with a 60 s request timeout:
     64 client threads of one Python process, building bodies of up to 700 KB of JSON on the
@@ -212,7 +217,7 @@ def test_soak_64_clients_x_100_mixed_requests(soak_served):
 def test_accepted_connections_have_tcp_nodelay():
     """The server's listening socket says TCP, so asyncio sets TCP_NODELAY on every
     connection it accepts (no 40 ms wait for a delayed ACK on kept-alive responses)."""
-    listening = serve.listening_socket("127.0.0.1", 0)
+    listening = listening_socket("127.0.0.1", 0)
     assert listening.proto == socket.IPPROTO_TCP
 
     async def accepted_option():
@@ -328,13 +333,13 @@ def grey_model(tmp_path_factory):
     return directory, grey
 
 
-@pytest.mark.parametrize("runtime", serve.RUNTIMES)
+@pytest.mark.parametrize("runtime", tuple(RUNTIMES))
 def test_every_format_works_for_1_and_3_channel_models(grey_model, exported, runtime):
     """JPEG, PNG, GIF and BMP, grey and RGB (and RGBA where the format has it), answered by a
     1-channel and a 3-channel model; the lossless grey ones exactly as their pixels are."""
     rng = np.random.default_rng(4)
     for directory, channels, size in [(grey_model[0], 1, 16), (exported, 3, 32)]:
-        model = serve.ModelServer(str(directory), runtime=runtime)
+        model = ModelServer(str(directory), runtime=runtime)
         grey = rng.integers(0, 256, (size, size), dtype=np.uint8)
         colour = rng.integers(0, 256, (size, size, 4), dtype=np.uint8)
         for image_format in ("JPEG", "PNG", "GIF", "BMP"):
@@ -452,8 +457,7 @@ ONNX = "{version}/onnx/predict_pixels.onnx"
      "with 3 "
      "logits: the file belongs to another model. Export the model again."),
     (edit_metadata(lambda metadata: metadata.pop("class_names")),
-     "{version}/metadata.json does not describe the ONNX models (KeyError: 'class_names'): export the model again "
-     "with --format onnx (or all)."),
+     "{version}/metadata.json has no list of class names ('class_names'): export the model again."),
     (lambda version: (version / "onnx" / "predict_pixels.onnx").write_bytes(b""),
      f"The ONNX model {ONNX} is not the one exported with {{version}}/metadata.json: its SHA-256 differs from the "
      "recorded"),
@@ -473,13 +477,13 @@ ONNX = "{version}/onnx/predict_pixels.onnx"
 def test_onnx_files_are_checked_at_start(exported, tmp_path, change, message):
     directory = damaged_copy(exported, tmp_path, change)
     with pytest.raises(ValueError) as error:
-        serve.ModelServer(str(directory), runtime="onnxruntime")
+        ModelServer(str(directory), runtime="onnxruntime")
     assert str(error.value).startswith(message.format(version=directory / "1")), str(error.value)
     assert "\n" not in str(error.value)
 
 
 def test_the_onnx_hashes_are_recorded_at_export(exported):
-    metadata = export.read_metadata(str(exported / "1"))
+    metadata = contract.read_metadata(str(exported / "1"))
     for signature, file in metadata["onnx"]["files"].items():
         assert metadata["onnx"]["sha256"][signature] == pretrained.sha256(str(exported / "1" / file))
 
@@ -487,7 +491,7 @@ def test_the_onnx_hashes_are_recorded_at_export(exported):
 def test_the_tensorflow_runtime_checks_the_class_names_too(exported, tmp_path):
     directory = damaged_copy(exported, tmp_path, edit_metadata(lambda metadata: metadata.update(class_names=["a"])))
     with pytest.raises(ValueError, match=r"metadata.json names 1 classes, but the signature '\w+' has 10 logits"):
-        serve.ModelServer(str(directory), runtime="tensorflow")
+        ModelServer(str(directory), runtime="tensorflow")
 
 
 def test_a_bad_start_is_one_line_and_auto_falls_back_to_the_saved_model(exported, tmp_path):
@@ -515,7 +519,7 @@ def test_a_folder_name_no_url_reaches_is_refused(exported, tmp_path):
     directory = tmp_path / "a:b"
     shutil.copytree(exported, directory)
     with pytest.raises(ValueError, match=r"^The model folder's name 'a:b' cannot be served: .* Rename the folder"):
-        serve.ModelServer(str(directory))
+        ModelServer(str(directory))
 
 
 @pytest.mark.parametrize("content, message", [
@@ -538,7 +542,7 @@ def test_corrupt_metadata_and_summary_name_their_path(exported, tmp_path):
     directory = damaged_copy(exported, tmp_path, lambda version: (version / "metadata.json").write_text('{"name'))
     with pytest.raises(ValueError, match=rf"^{directory / '1' / 'metadata.json'} is not valid JSON \(truncated or "
                                          r"corrupt: .*\): export the model again."):
-        serve.ModelServer(str(directory))
+        ModelServer(str(directory))
     run = tmp_path / "run"
     run.mkdir()
     (run / "model.keras").write_bytes(b"")

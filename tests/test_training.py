@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_preact import blocks
 from keras_preact_training import configs, data, loop
 from tests.conftest import KERAS_PREACT
 
@@ -476,6 +477,21 @@ def test_a_run_with_a_weights_average_evaluates_and_saves_the_average(tmp_path):
     predictions = np.argmax(model.predict(test.items.astype("float32"), verbose=0), axis=-1)
     summary = json.loads((tmp_path / "averaged" / "summary.json").read_text())
     assert summary["test_error"] == pytest.approx(np.mean(predictions != test.labels), abs=1e-9)
+
+
+def test_the_average_gets_batchnorm_statistics_of_its_own():
+    """`loop.average_statistics`: every BatchNorm's moving mean becomes the mean of its batch
+    means over the sample (the sample's mean, batches of equal size) and its moving variance
+    the mean of the unbiased batch variances; the layers' momentum is put back."""
+    rng = np.random.default_rng(0)
+    split = data.Split(labels=np.zeros(64, np.int64), items=rng.normal(3.0, 2.0, (64, 4, 4, 2)).astype("float32"))
+    norm = blocks.BatchNorm(momentum=0.9)
+    model = keras.Sequential([keras.Input((4, 4, 2)), norm])
+    loop.average_statistics(model, split, images=64, batch_size=16)
+    batches = data.subset(split, 64, seed=0, shuffled=True).items.reshape(4, 16 * 4 * 4, 2)
+    np.testing.assert_allclose(norm.moving_mean.numpy(), batches.mean(axis=(0, 1)), rtol=1e-5)
+    np.testing.assert_allclose(norm.moving_variance.numpy(), batches.var(axis=1, ddof=1).mean(axis=0), rtol=1e-4)
+    assert norm.momentum == 0.9
 
 
 def test_seeds_report_median_and_spread(tmp_path):

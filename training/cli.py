@@ -25,8 +25,9 @@ import statistics
 import sys
 import tempfile
 
-# Commands that never import TensorFlow (they answer at once).
-WITHOUT_TENSORFLOW = ("configs", "compare", "query")
+# Commands that never import TensorFlow (they answer at once), or import it only where they
+# need it (serve: the onnxruntime runtime never does).
+WITHOUT_TENSORFLOW = ("configs", "compare", "query", "serve")
 
 
 def parser():
@@ -372,6 +373,7 @@ def compare_command(arguments):
 def export_command(arguments):
     """Exports a run or shipped weights, reloads the SavedModel and prints its classes of images."""
     from . import export
+    from .serving import contract
 
     if (arguments.run_dir is None) == (arguments.model is None) or (arguments.model is None) != (
             arguments.weights is None):
@@ -391,7 +393,7 @@ def export_command(arguments):
                                      fold_batch_norms=arguments.fold)
     if "onnx" in formats:
         print(f"ONNX models (checked with onnxruntime against the network): "
-              f"{', '.join(export.read_metadata(path)['onnx']['files'].values())} in {path}")
+              f"{', '.join(contract.read_metadata(path)['onnx']['files'].values())} in {path}")
     if "saved_model" not in formats:
         return 0
     if arguments.images:
@@ -410,9 +412,11 @@ def export_command(arguments):
 
 
 def serve_command(arguments):
-    from . import serve
+    from .serving import server
 
-    serve.serve(arguments.model_dir, arguments.host, arguments.port, arguments.max_batch, arguments.verbose,
+    if not server.serves_onnx(arguments.model_dir, arguments.runtime):
+        import_tensorflow(arguments.verbose)
+    server.serve(arguments.model_dir, arguments.host, arguments.port, arguments.max_batch, arguments.verbose,
                 arguments.max_in_flight, arguments.request_timeout, arguments.batching, arguments.runtime)
     return 0
 

@@ -12,6 +12,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from .serving import contract
+
 # Where a pipeline's decoding runs in parallel; tf.data picks the degree.
 AUTOTUNE = tf.data.AUTOTUNE
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
@@ -102,15 +104,17 @@ def hold_out(split, validation_examples, seed):
                  for keep in (training, validation))
 
 
-def subset(split, examples, seed):
+def subset(split, examples, seed, shuffled=False):
     """`examples` of the split (all for `None`): a fixed random subset of indexed data, not
-    the first files of the first classes; the first records of a stream."""
-    if examples is None or examples >= split.size:
+    the first files of the first classes, in the split's order (or, `shuffled`, in a random
+    order: every batch of it a mix of classes); the first records of a stream."""
+    if examples is None or examples >= split.size and not shuffled:
         return split
     if split.items is None:
-        return dataclasses.replace(split, stream=split.stream.take(examples), size=examples)
-    keep = np.sort(np.random.default_rng(seed).permutation(split.size)[:examples])
-    return dataclasses.replace(split, items=split.items[keep], labels=split.labels[keep], size=examples)
+        return dataclasses.replace(split, stream=split.stream.take(examples), size=min(examples, split.size))
+    keep = np.random.default_rng(seed).permutation(split.size)[:examples]
+    keep = keep if shuffled else np.sort(keep)
+    return dataclasses.replace(split, items=split.items[keep], labels=split.labels[keep], size=len(keep))
 
 
 def digits(config):
@@ -181,7 +185,7 @@ def unreadable_files(split, limit=UNREADABLE_LISTED):
     unreadable = []
     for path in split.items:
         try:
-            tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+            decode_image(tf.io.read_file(path), 3)
         except tf.errors.OpError:
             unreadable.append(str(path))
             if len(unreadable) == limit:
@@ -198,9 +202,21 @@ def raise_for_unreadable(split, name):
                          f"{unreadable}{' ...' if len(unreadable) == UNREADABLE_LISTED else ''}. Replace or remove them.")
 
 
+def decode_image(encoded, channels):
+    """Encoded JPEG, PNG, GIF or BMP bytes -> uint8 pixels [height, width, channels].
+
+    JPEGs are decoded with libjpeg's accurate integer DCT (`dct_method="INTEGER_ACCURATE"`,
+    libjpeg's own default and Pillow's), where `tf.io.decode_image` uses the fast one,
+    which is up to 5 levels off: training, evaluation, the SavedModel and the onnxruntime
+    server (Pillow) then see the same pixels."""
+    jpeg = tf.equal(tf.strings.substr(encoded, 0, 3), b"\xff\xd8\xff")  # the JPEG signature
+    return tf.cond(jpeg, lambda: tf.io.decode_jpeg(encoded, channels, dct_method="INTEGER_ACCURATE"),
+                   lambda: tf.io.decode_image(encoded, channels, expand_animations=False))
+
+
 def decode_file(image_size):
     def decode(path):
-        image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        image = decode_image(tf.io.read_file(path), 3)
         return resize(image, image_size)
 
     return decode
@@ -267,8 +283,6 @@ def decoder(config, image_feature, training):
 # ResNet-200 result uses): a crop of 8 %-100 % of the area with aspect ratio 3/4-4/3.
 CROP_AREA = (0.08, 1.0)
 CROP_ASPECT_RATIO = (3 / 4, 4 / 3)
-# Evaluation: resize the shorter side to 256 and take the central 224 x 224 ([1]).
-RESIZE_RATIO = 256 / 224
 
 
 def random_resized_crop(image, image_size):
@@ -281,7 +295,7 @@ def random_resized_crop(image, image_size):
 
 def central_crop(image, image_size):
     shape = tf.cast(tf.shape(image)[:2], tf.float32)
-    scale = image_size * RESIZE_RATIO / tf.reduce_min(shape)
+    scale = image_size * contract.RESIZE_RATIO / tf.reduce_min(shape)
     resized = tf.image.resize(image, tf.cast(tf.round(shape * scale), tf.int32))
     return tf.image.resize_with_crop_or_pad(resized, image_size, image_size)
 

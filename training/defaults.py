@@ -10,6 +10,8 @@ import it from here (`export.DEFAULT_TOP_K` is this `DEFAULT_TOP_K`).
 DEFAULT_DIRECTORY = "saved_models"
 DEFAULT_TOP_K = 5
 EXPORT_FORMATS = ("saved_model", "onnx", "all")  # the first is the default
+# What installs ONNX export and the onnxruntime server.
+ONNX_EXTRA = 'pip install "keras-preact[onnx]"'
 # serve: TF Serving's REST port, the most instances one request may hold, the most
 # :predict requests in flight at once (past it: 503), and the seconds a request has to
 # arrive whole (past it: 408).

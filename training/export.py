@@ -17,9 +17,9 @@ rounding, fewer operations per image. `fold_batch_norms=False` exports it as it 
 
 import dataclasses
 import datetime
+import functools
 import json
 import os
-import re
 import shutil
 import time
 import warnings
@@ -29,80 +29,43 @@ import numpy as np
 import tensorflow as tf
 
 import keras_preact
-from keras_preact import pretrained
-from . import configs, contract, data, files, recipe
-from .defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS
+from keras_preact import checksums, pretrained
+from . import configs, data, files, recipe
+from .serving import contract
+from .serving.contract import MODEL_NAME, Preprocessing, versions
+from .defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS, ONNX_EXTRA
 
 # What `--format` writes into a version folder: the SavedModel, ONNX models, or both.
 FORMATS = {"saved_model": ("saved_model",), "onnx": ("onnx",), "all": ("saved_model", "onnx")}
 assert tuple(FORMATS) == EXPORT_FORMATS
-ONNX_EXTRA = 'pip install "keras-preact[onnx]"'
 # The largest difference of logits, relative to their largest magnitude, between an
 # exported ONNX model under onnxruntime and the network: float32 rounding only.
 ONNX_TOLERANCE = 1e-4
-# How encoded images reach the network's size: resized where their size differs (CIFAR,
-# the digits, image folders; the training pipeline's `data.resize`), or ImageNet's
-# evaluation crop (`data.central_crop`: shorter side to 256/224 of the size, centre crop).
-CROPS = {"resize": data.resize, "central_crop": data.central_crop}
+# How encoded images reach the network's size (`contract.CROPS`), as in training.
+CROP_FUNCTIONS = {"resize": data.resize, "central_crop": data.central_crop}
 
 
-@dataclasses.dataclass(frozen=True)
-class Preprocessing:
-    """From an encoded image to the network's input, as in training.
+def normalization_layer(preprocessing):
+    """The training model's normalisation layer (`training.recipe.normalization`) of a
+    `contract.Preprocessing`."""
+    layer = recipe.normalization(preprocessing.normalization_mean, preprocessing.normalization_std)
+    layer.build((None, *preprocessing.shape))
+    return layer
 
-    Attributes:
-        image_size: side of the square images the network sees.
-        channels: 1 (grey) or 3 (RGB); encoded images are decoded to this many.
-        normalization_mean, normalization_std: per channel, on the 0-255 scale.
-        crop: "resize" or "central_crop" (see `CROPS`).
-    """
 
-    image_size: int
-    channels: int
-    normalization_mean: tuple
-    normalization_std: tuple
-    crop: str = "resize"
+def decode(preprocessing, encoded):
+    """Encoded bytes -> float32 pixels (0-255) of the network's size, as `training.data`.
 
-    def __post_init__(self):
-        if not isinstance(self.image_size, int) or self.image_size < 1:
-            raise ValueError(f"image_size must be a positive integer. Received: image_size={self.image_size!r}")
-        if self.channels not in (1, 3):
-            raise ValueError(f"channels must be 1 or 3. Received: channels={self.channels!r}")
-        for field in ("normalization_mean", "normalization_std"):
-            if len(getattr(self, field)) != self.channels:
-                raise ValueError(f"{field} needs one value per channel ({self.channels}). "
-                                 f"Received: {field}={getattr(self, field)!r}")
-        if self.crop not in CROPS:
-            raise ValueError(f"crop must be one of {sorted(CROPS)}. Received: crop={self.crop!r}")
-
-    @classmethod
-    def of(cls, config, channels):
-        """The evaluation preprocessing of a training config (`training.configs.Config`)."""
-        return cls(config.image_size, channels, tuple(config.normalization_mean), tuple(config.normalization_std),
-                   "central_crop" if config.dataset == "imagenet2012" else "resize")
-
-    @property
-    def shape(self):
-        return (self.image_size, self.image_size, self.channels)
-
-    def normalization(self):
-        """The training model's normalisation layer (`training.recipe.normalization`)."""
-        layer = recipe.normalization(self.normalization_mean, self.normalization_std)
-        layer.build((None, *self.shape))
-        return layer
-
-    def decode(self, encoded):
-        """Encoded bytes -> float32 pixels (0-255) of the network's size, as `training.data`.
-
-        JPEG and PNG decoders convert to `channels` themselves; GIF and BMP decode to their
-        own channels (GIF: RGB; BMP: grey, RGB or RGBA), converted here: alpha dropped,
-        grey repeated to RGB, RGB to grey with `tf.image.rgb_to_grayscale`'s weights."""
-        own_channels = tf.logical_or(tf.equal(tf.strings.substr(encoded, 0, 3), b"GIF"),
-                                     tf.equal(tf.strings.substr(encoded, 0, 2), b"BM"))
-        image = tf.cond(own_channels, lambda: to_channels(tf.io.decode_image(encoded, expand_animations=False),
-                                                          self.channels),
-                        lambda: tf.io.decode_image(encoded, channels=self.channels, expand_animations=False))
-        return tf.ensure_shape(CROPS[self.crop](image, self.image_size), self.shape)
+    JPEG and PNG decoders convert to `channels` themselves (`data.decode_image`); GIF and
+    BMP decode to their own channels (GIF: RGB; BMP: grey, RGB or RGBA), converted here:
+    alpha dropped, grey repeated to RGB, RGB to grey with `tf.image.rgb_to_grayscale`'s
+    weights."""
+    own_channels = tf.logical_or(tf.equal(tf.strings.substr(encoded, 0, 3), b"GIF"),
+                                 tf.equal(tf.strings.substr(encoded, 0, 2), b"BM"))
+    image = tf.cond(own_channels, lambda: to_channels(tf.io.decode_image(encoded, expand_animations=False),
+                                                      preprocessing.channels),
+                    lambda: data.decode_image(encoded, preprocessing.channels))
+    return tf.ensure_shape(CROP_FUNCTIONS[preprocessing.crop](image, preprocessing.image_size), preprocessing.shape)
 
 
 def to_channels(image, channels):
@@ -191,7 +154,7 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
         raise FileExistsError(f"{path} exists; choose another version (TF Serving serves the highest). "
                               f"Received: version={version}")
 
-    normalization = normalization or preprocessing.normalization()
+    normalization = normalization or normalization_layer(preprocessing)
     trained = network
     network = inference_network(network, fold_batch_norms)
     logits_of = logits_function(network)
@@ -211,7 +174,8 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
         return predict(tf.cast(normalization(pixels), tf.float32))
 
     def serving_default(images):
-        pixels = tf.map_fn(preprocessing.decode, images, fn_output_signature=tf.TensorSpec(preprocessing.shape))
+        pixels = tf.map_fn(functools.partial(decode, preprocessing), images,
+                           fn_output_signature=tf.TensorSpec(preprocessing.shape))
         return from_pixels(pixels)
 
     def predict_pixels(pixels):
@@ -244,7 +208,7 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
         exported=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         versions=dict(keras=keras.__version__, tensorflow=tf.__version__, **onnx_versions(formats)),
         **(dict(onnx=dict(files=onnx_files, outputs=list(contract.ONNX_OUTPUTS),
-                          sha256={signature: pretrained.sha256(os.path.join(partial, file))
+                          sha256={signature: checksums.sha256(os.path.join(partial, file))
                                   for signature, file in onnx_files.items()})) if onnx_files else {}),
         **(metadata or {}),
     )
@@ -358,39 +322,6 @@ def next_version(directory):
     return 1 + max(versions(directory), default=0)
 
 
-def versions(directory):
-    """The version numbers present in a model's folder (TF Serving's numbered subfolders)."""
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(entry.name) for entry in os.scandir(directory) if entry.is_dir() and entry.name.isdigit())
-
-
-def latest_version(directory, kind="saved_model"):
-    """`directory/<highest version>` holding `kind` ("saved_model" or "onnx"): for a
-    SavedModel, the one TF Serving serves by default.
-
-    Raises:
-        FileNotFoundError: if `directory` holds no numbered version with one.
-    """
-    marker = {"saved_model": "saved_model.pb", "onnx": contract.onnx_file("predict_normalized")}[kind]
-    found = [version for version in versions(directory) if os.path.exists(os.path.join(directory, str(version), marker))]
-    if not found:
-        how = "" if kind == "saved_model" else " --format onnx (or all)"
-        raise FileNotFoundError(f"No version folder with {'a SavedModel' if kind == 'saved_model' else 'ONNX models'} "
-                                f"(<directory>/<number>/{marker}) in {directory}. Export one with `keras-preact "
-                                f"export{how}`. Received: {directory!r}")
-    return os.path.join(directory, str(found[-1]))
-
-
-def read_metadata(version_path):
-    """A version folder's metadata.json.
-
-    Raises:
-        FileNotFoundError, ValueError: naming the file, if it is missing or not a JSON object.
-    """
-    return files.read_json(os.path.join(version_path, contract.METADATA_FILE), "export the model again")
-
-
 def directory_megabytes(path):
     return sum(os.path.getsize(os.path.join(root, file)) for root, _, files in os.walk(path) for file in files) / 2**20
 
@@ -479,11 +410,6 @@ def classify(version_path, encoded_images):
     outputs = predict_encoded(version_path, encoded_images)
     return [[(name.decode(), float(score)) for name, score in zip(classes, scores)]
             for classes, scores in zip(outputs["classes"], outputs["scores"])]
-
-
-# A model's name is its folder under the output and the name TF Serving serves it by:
-# letters, digits, "_", "-" and ".", not starting with "." (so never "..", a path or hidden).
-MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
 def checked_name(name):

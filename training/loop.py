@@ -29,6 +29,14 @@ CSV_FIELDS = ["step", "epoch", "loss", "accuracy", "learning_rate", "test_loss",
               "validation_loss", "validation_error", "hours"]
 # Evaluation batch size: a memory bound only; results do not depend on it.
 EVALUATION_BATCH = 500
+# The weights' average (`Config.average_momentum`) is evaluated with BatchNorm statistics
+# of its own, the mean of those of this many training images in batches of
+# AVERAGE_STATISTICS_BATCH (Izmailov et al., "Averaging Weights Leads to Wider Optima",
+# 2018, section 3.2): with the trained network's statistics, the average of a ResNet-20
+# at 15 epochs erred on 35.9 % of the validation images, with its own on 16.8 % (the
+# trained network: 16.5 %).
+AVERAGE_STATISTICS_IMAGES = 4096
+AVERAGE_STATISTICS_BATCH = 256
 # The run's config as it started, beside its checkpoints: a resumed run must have the same.
 CONFIG_FILE = "config.json"
 # Fields a resumed run may change: where the data is read from, how often it is logged,
@@ -196,19 +204,26 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     evaluation_split = dataset.test if dataset.validation is None else dataset.validation
 
     def evaluate():
-        """(loss, error) of the evaluated network: the weights' moving average in place of
-        the trained weights where the config keeps one (the trained ones are put back)."""
-        trained = [variable.numpy() for variable in model.trainable_variables] if config.average_momentum else []
-        optimizer.finalize_variable_values(model.trainable_variables)
+        """(loss, error) of the evaluated network: the weights' average in place of the trained
+        weights where the config keeps one (`use_average`; the trained state is put back)."""
+        trained = use_average() if config.average_momentum else []
         losses, correct, count = 0.0, 0, 0
         for images, labels in data.evaluation_batches(evaluation_split, EVALUATION_BATCH):
             logits = predict(images)
             losses += float(tf.reduce_sum(per_example_loss(labels, tf.cast(logits, tf.float32))))
             correct += int(tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.int32)))
             count += int(labels.shape[0])
-        for variable, value in zip(model.trainable_variables, trained):
+        for variable, value in zip(model.variables, trained):
             variable.assign(value)
         return losses / count, 1.0 - correct / count
+
+    def use_average():
+        """Puts the weights' average in the network with BatchNorm statistics of its own
+        (`average_statistics`); returns the values of every variable before, to put back."""
+        trained = [variable.numpy() for variable in model.variables]
+        optimizer.finalize_variable_values(model.trainable_variables)
+        average_statistics(model, dataset.train)
+        return trained
 
     log = TrainingLog(run_dir, first_step, chief)
     if first_step and chief and verbose:
@@ -261,7 +276,8 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     if error is None:
         _, error = evaluate()
-    optimizer.finalize_variable_values(model.trainable_variables)  # the evaluated network is the one saved
+    if config.average_momentum:
+        use_average()  # the evaluated network is the one saved
     summary = log.finish(config, dataset, model, evaluated_on, error, training_seconds, total_steps, command)
     if verbose:
         print(
@@ -270,6 +286,26 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
             f"{summary['weights_sha256'][:16]}; run in {run_dir}."
         )
     return summary
+
+
+def average_statistics(model, split, images=AVERAGE_STATISTICS_IMAGES, batch_size=AVERAGE_STATISTICS_BATCH):
+    """Sets the moving statistics of every BatchNorm of `model` to the mean of its batch
+    statistics over `images` of `split` (a fixed random sample in a random order, so that
+    every batch mixes the classes), in training mode: BatchNorm statistics of the weights
+    `model` holds. Each call k (from 0) runs with momentum k / (k + 1), so the moving
+    statistic after it is the mean of the k + 1 batches' (the unbiased variances, as in
+    training)."""
+    norms = [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
+    momenta = [norm.momentum for norm in norms]
+    try:
+        sample = data.subset(split, images, seed=0, shuffled=True)
+        for index, (batch, _) in enumerate(data.evaluation_batches(sample, batch_size)):
+            for norm in norms:
+                norm.momentum = index / (index + 1)
+            model(batch, training=True)  # eagerly: each call reads the momentum it is given
+    finally:
+        for norm, momentum in zip(norms, momenta):
+            norm.momentum = momentum
 
 
 def check_resumed_config(config, run_dir, allow_changes=False, verbose=True):

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 import keras_preact
-from keras_preact import pretrained
+from keras_preact import checksums, pretrained
 from . import evaluate, files, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
 # Published CIFAR-10 test errors (%) of each zoo network, for the zoo's table: He et al. 2015
@@ -161,7 +161,7 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
             f"({100 * summary['test_error']:.2f} %): the network or its preprocessing is not the run's."
         )
     entry = dict(
-        file=os.path.basename(path), sha256=pretrained.sha256(path), bytes=size,
+        file=os.path.basename(path), sha256=checksums.sha256(path), bytes=size,
         parameters=sum(int(np.prod(weight.shape)) for weight in shipped.trainable_weights),
         test_error=round(result["test_error"], 6), flip_test_error=round(result["flip_test_error"], 6),
         per_class_accuracy={label: round(value, 4) for label, value in result["per_class_accuracy"].items()},

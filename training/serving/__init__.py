@@ -1,0 +1,16 @@
+"""Serving exported models over TF Serving's REST API: `keras-preact serve`.
+
+    contract.py            the exported model's signatures, files and metadata (export reads it too)
+    requests.py            a :predict body read, bounded and checked; an answer written
+    model.py               ModelServer: one exported version and TF Serving's semantics over it
+    tensorflow_runtime.py  the SavedModel's signatures on TensorFlow
+    onnx_runtime.py        the same signatures on onnxruntime, with images.py's decoding
+    images.py              encoded images to the network's input with Pillow and NumPy
+    batching.py            the requests that wait while the network is busy, run as one call
+    application.py         the Starlette application: routes, errors as JSON, the in-flight bound
+    connections.py         a deadline, a bound and JSON errors around uvicorn's h11 protocol
+    server.py              serve(): uvicorn on a listening socket, the runtime chosen
+
+The onnxruntime runtime imports neither TensorFlow nor Keras: a deployment that serves
+ONNX models needs only onnxruntime, NumPy, Pillow, Starlette and uvicorn.
+"""

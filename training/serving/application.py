@@ -1,0 +1,241 @@
+"""TF Serving's REST API as a Starlette application over a `ModelServer`.
+
+    GET  /v1/models/<name>[/versions/<version>]            the model's status
+    GET  /v1/models/<name>[/versions/<version>]/metadata   its signatures and metadata.json
+    POST /v1/models/<name>[/versions/<version>]:predict    predictions
+
+Starlette routes (404 for other paths, 405 with Allow for other methods); every error,
+routing's included, is TF Serving's `{"error": "..."}` with its HTTP status. `:predict`
+bounds the requests in flight (503 with Retry-After past it) and the body while reading
+it, parses off the event loop, and runs the network through the `Batcher`.
+`ConnectionGuard` checks each request's head, tells its connection where the request
+stands (`connections.Connection`), and closes connections whose body was not read.
+"""
+
+import asyncio
+import concurrent.futures
+
+from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..defaults import DEFAULT_MAX_IN_FLIGHT
+from . import requests
+from .batching import Batcher
+from .connections import MAX_HEAD_BYTES, RETRY_AFTER_SECONDS
+from .requests import BadRequest
+
+# The largest request body read: 64 encoded 224 x 224 JPEGs take about 2 MB.
+MAX_BODY_BYTES = 64 * 2**20
+# Threads that parse request bodies (JSON, base64, image headers), off the event loop: at
+# most this many bodies are materialised at once.
+PARSE_THREADS = 2
+
+
+class ModelNameConvertor(Convertor):
+    """A model's name in a route: one path segment without ":" (":predict" follows it)."""
+
+    regex = "[^/:]+"
+
+    def convert(self, value):
+        return value
+
+    def to_string(self, value):
+        return value
+
+
+class VersionConvertor(Convertor):
+    """A version in a route: digits, kept as text (a 5,000-digit version is no int Python parses)."""
+
+    regex = "[0-9]+"
+
+    def convert(self, value):
+        return value
+
+    def to_string(self, value):
+        return value
+
+
+register_url_convertor("model_name", ModelNameConvertor())
+register_url_convertor("model_version", VersionConvertor())
+
+
+class ServingAPI:
+    """The endpoints of TF Serving's REST API over `model`.
+
+    Args:
+        model: the ModelServer.
+        max_in_flight: the most `:predict` requests parsed, queued or running at once;
+            past it a request is answered 503 with Retry-After as soon as its body is read.
+        batching: whether requests waiting together are run as one batch.
+    """
+
+    def __init__(self, model, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True):
+        self.model, self.max_in_flight = model, max_in_flight
+        self.batcher = Batcher(model, batching=batching)
+        self.parsing = concurrent.futures.ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="parse")
+        self.in_flight = 0
+
+    def routes(self):
+        routes = []
+        for version in ("", "/versions/{version:model_version}"):
+            base = "/v1/models/{name:model_name}" + version
+            routes += [Route(base + ":predict", self.predict, methods=["POST"]),
+                       Route(base + "/metadata", self.metadata, methods=["GET"]),
+                       Route(base, self.status, methods=["GET"])]
+        return routes
+
+    def served(self, request):
+        """The model, where the path names it and its version (a BadRequest otherwise)."""
+        if request.path_params["name"] != self.model.name:
+            raise not_found(request)
+        self.model.check_version(request.path_params.get("version"))
+        return self.model
+
+    async def status(self, request):
+        return JSONResponse(self.served(request).status())
+
+    async def metadata(self, request):
+        return JSONResponse(self.served(request).describe())
+
+    async def predict(self, request):
+        model = self.served(request)
+        body = await read_body(request)
+        if self.in_flight >= self.max_in_flight:
+            raise BadRequest(f"The server is busy: {self.max_in_flight} requests are in flight (--max-in-flight). "
+                             f"Retry after {RETRY_AFTER_SECONDS} s.", 503)
+        self.in_flight += 1
+        try:
+            loop = asyncio.get_running_loop()
+            parsed = await loop.run_in_executor(self.parsing, model.parse, body)  # up to 64 MiB: off the loop
+            del body
+            outputs = await self.batcher.infer(parsed)
+            return JSONResponse(await loop.run_in_executor(self.parsing, requests.answer, parsed, outputs))
+        finally:
+            self.in_flight -= 1
+
+
+async def read_body(request):
+    """The request body, refused with a 413 as soon as it passes MAX_BODY_BYTES (h11 has
+    already checked its framing: a valid Content-Length or chunked encoding)."""
+    length = request.headers.get("content-length")
+    if length is not None and int(length) > MAX_BODY_BYTES:
+        raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes. Received: "
+                         f"{length[:20]}", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes.", 413)
+    return b"".join(chunks)
+
+
+def not_found(request):
+    return BadRequest(f"No such resource: {request.method} {request.url.path[:200]}. This server serves "
+                      f"/v1/models/{request.app.state.model_name} (GET), .../metadata (GET) and ...:predict (POST).",
+                      404)
+
+
+def error(status, message, headers=None):
+    """TF Serving's JSON error."""
+    return JSONResponse({"error": message}, status, headers)
+
+
+async def bad_request(request, exception):
+    return error(exception.status, str(exception),
+                 {"Retry-After": str(RETRY_AFTER_SECONDS)} if exception.status == 503 else None)
+
+
+async def routing_error(request, exception):
+    if exception.status_code == 405:
+        allowed = exception.headers["Allow"]
+        return error(405, f"Method {request.method} is not allowed for {request.url.path[:200]}: use {allowed}.",
+                     {"Allow": allowed})
+    if exception.status_code == 404:
+        return await bad_request(request, not_found(request))
+    return error(exception.status_code, exception.detail)
+
+
+async def server_error(request, exception):
+    return error(500, f"{type(exception).__name__}: {(str(exception).splitlines() or [''])[0][:300]}")
+
+
+async def client_left(request, exception):
+    return Response(status_code=400)  # never sent: the client has gone
+
+
+class ConnectionGuard:
+    """ASGI middleware: refuses heads this server does not take (a request line or headers
+    past MAX_HEAD_BYTES that arrived at once, another HTTP version, both Content-Length and
+    Transfer-Encoding), tells the request's connection when the request started, was read
+    whole and was answered, and closes connections whose body was not read whole (unread
+    bytes are never read as a request)."""
+
+    def __init__(self, app, connections):
+        self.app, self.connections = app, connections
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":  # uvicorn runs it with lifespan="off": nothing else arrives
+            return await self.app(scope, receive, send)
+        connection = self.connections.of(scope.get("client"))
+        headers = dict(scope["headers"])
+        request = {"read": b"content-length" not in headers and b"transfer-encoding" not in headers}
+        if connection is not None:
+            connection.request_started()
+            if request["read"]:
+                connection.request_read()
+
+        async def received():
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                request["read"] = True
+                if connection is not None:
+                    connection.request_read()
+            return message
+
+        async def answer(message):
+            if message["type"] == "http.response.start":
+                if connection is not None:
+                    connection.request_read()  # as read as it will be
+                if not request["read"] or message["status"] in (414, 431, 505):
+                    # Unread bytes are never read as a request, and a client that sends
+                    # heads past the bound is not heard again.
+                    message = dict(message, headers=[*message["headers"], (b"connection", b"close")])
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False) and connection:
+                connection.response_sent()
+
+        refused = refusal(scope, headers)
+        if refused is not None:
+            return await refused(scope, received, answer)
+        await self.app(scope, received, answer)
+
+
+def refusal(scope, headers):
+    """The error response for a head this server refuses, or None."""
+    if len(scope["raw_path"]) + len(scope["query_string"]) > MAX_HEAD_BYTES:
+        return error(414, f"The request line is too long: at most {MAX_HEAD_BYTES} bytes.")
+    if sum(len(name) + len(value) + 4 for name, value in scope["headers"]) > MAX_HEAD_BYTES:
+        return error(431, f"The request's headers are too large: at most {MAX_HEAD_BYTES} bytes.")
+    if scope["http_version"] not in ("1.0", "1.1"):
+        return error(505, f"HTTP/{scope['http_version'][:10]} is not supported: this server speaks HTTP/1.1.")
+    if b"content-length" in headers and b"transfer-encoding" in headers:
+        # RFC 9112, section 6.1: a request framed both ways may be a smuggling attempt; it
+        # is refused, and its connection closed (its body is never read).
+        return error(400, "The request has both Content-Length and Transfer-Encoding: send one of them.")
+    return None
+
+
+def application(model, connections, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True):
+    """The Starlette application serving `model`, guarding `connections` (`connections.Connections`)."""
+    api = ServingAPI(model, max_in_flight, batching)
+    app = Starlette(routes=api.routes(), exception_handlers={
+        BadRequest: bad_request, HTTPException: routing_error, ClientDisconnect: client_left,
+        Exception: server_error})
+    app.state.model_name = model.name
+    app.state.api = api
+    return ConnectionGuard(app, connections)

@@ -1,0 +1,171 @@
+"""The contract of an exported model, defined once: export writes it, serving reads and
+checks it, and neither restates it. Importable without TensorFlow.
+
+An exported version folder (`<name>/<version>/`, TF Serving's layout) holds a SavedModel
+with three signatures over one network, optionally the two ONNX models that compute them
+under onnxruntime, and `metadata.json`:
+
+    serving_default      images: string [batch]                 encoded JPEG/PNG/GIF/BMP bytes
+    predict_pixels       pixels: uint8 [batch, H, W, C]          raw pixels, 0-255
+    predict_normalized   normalized: float32 [batch, H, W, C]    the network's own input
+
+Every signature answers `OUTPUTS`; an ONNX model answers `ONNX_OUTPUTS` (the class names
+are in metadata.json: ONNX runtimes handle strings unevenly), and encoded images reach
+`predict_normalized.onnx` once decoded and normalised.
+"""
+
+import dataclasses
+import os
+import re
+
+from .. import files
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """One signature of an exported model.
+
+    Attributes:
+        name: the signature's name, as TF Serving's requests give it (`signature_name`).
+        key: the name of its one input.
+        dtype: the input's dtype: "string" (encoded images, a vector over the batch),
+            "uint8" or "float32" (images, [batch, height, width, channels]).
+        onnx_model: the signature whose ONNX model computes it under onnxruntime.
+        holds: what the input holds, after its dtype and shape.
+    """
+
+    name: str
+    key: str
+    dtype: str
+    onnx_model: str
+    holds: str
+
+    def shape(self, image_shape):
+        """The input's shape, None for the batch, for a network of `image_shape` (H, W, C)."""
+        return (None,) if self.dtype == "string" else (None, *image_shape)
+
+    def describe(self, image_shape):
+        """E.g. "pixels: tf.uint8 [batch, 32, 32, 3], 0-255" (metadata.json's description)."""
+        dimensions = ", ".join(["batch", *map(str, self.shape(image_shape)[1:])])
+        return f"{self.key}: tf.{self.dtype} [{dimensions}], {self.holds}"
+
+
+SIGNATURES = {signature.name: signature for signature in (
+    Signature("serving_default", "images", "string", "predict_normalized",
+              "encoded JPEG/PNG/GIF/BMP images of any size"),
+    Signature("predict_pixels", "pixels", "uint8", "predict_pixels", "0-255"),
+    Signature("predict_normalized", "normalized", "float32", "predict_normalized",
+              "(pixels - normalization_mean) / normalization_std"),
+)}
+OUTPUTS = ("logits", "probabilities", "class_ids", "classes", "scores")
+METADATA_FILE = "metadata.json"
+# The ONNX models: one per signature whose input is an image array (an ONNX graph has no
+# optional inputs), under <version>/onnx/, answering the numeric outputs.
+ONNX_DIRECTORY = "onnx"
+ONNX_MODELS = tuple(name for name, signature in SIGNATURES.items() if signature.onnx_model == name)
+ONNX_OUTPUTS = ("logits", "probabilities", "class_ids")
+# onnxruntime's names of the ONNX models' input types.
+ONNX_TYPES = {"uint8": "tensor(uint8)", "float32": "tensor(float)"}
+
+
+def onnx_file(name):
+    """The ONNX model of signature `name`, relative to its version folder."""
+    return os.path.join(ONNX_DIRECTORY, f"{name}.onnx")
+
+
+# A model's name is its folder under the output and the name TF Serving serves it by:
+# letters, digits, "_", "-" and ".", not starting with "." (so never "..", a path or hidden).
+MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+# How encoded images reach the network's size: resized where their size differs (CIFAR,
+# the digits, image folders), or ImageNet's evaluation crop: the shorter side resized to
+# RESIZE_RATIO of the network's size, then the central square (He et al. 2016, section 4.2,
+# after Krizhevsky et al. 2012: 256 for 224).
+CROPS = ("resize", "central_crop")
+RESIZE_RATIO = 256 / 224
+
+
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+    """From an encoded image to the network's input, as in training: decoded to `channels`,
+    brought to image_size x image_size by `crop`, normalised per channel.
+
+    Attributes:
+        image_size: side of the square images the network sees.
+        channels: 1 (grey) or 3 (RGB); encoded images are decoded to this many.
+        normalization_mean, normalization_std: per channel, on the 0-255 scale.
+        crop: "resize" or "central_crop" (see `CROPS`).
+    """
+
+    image_size: int
+    channels: int
+    normalization_mean: tuple
+    normalization_std: tuple
+    crop: str = "resize"
+
+    def __post_init__(self):
+        if not isinstance(self.image_size, int) or self.image_size < 1:
+            raise ValueError(f"image_size must be a positive integer. Received: image_size={self.image_size!r}")
+        if self.channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3. Received: channels={self.channels!r}")
+        for field in ("normalization_mean", "normalization_std"):
+            if len(getattr(self, field)) != self.channels:
+                raise ValueError(f"{field} needs one value per channel ({self.channels}). "
+                                 f"Received: {field}={getattr(self, field)!r}")
+        if self.crop not in CROPS:
+            raise ValueError(f"crop must be one of {sorted(CROPS)}. Received: crop={self.crop!r}")
+
+    @classmethod
+    def of(cls, config, channels):
+        """The evaluation preprocessing of a training config (`training.configs.Config`)."""
+        return cls(config.image_size, channels, tuple(config.normalization_mean), tuple(config.normalization_std),
+                   "central_crop" if config.dataset == "imagenet2012" else "resize")
+
+    @classmethod
+    def from_metadata(cls, metadata):
+        """The preprocessing metadata.json's "input" records (`export`)."""
+        return cls(**{field: value for field, value in metadata["input"].items() if field != "pixel_range"})
+
+    @property
+    def shape(self):
+        return (self.image_size, self.image_size, self.channels)
+
+
+def output_shapes(classes, top_k):
+    """Every signature's outputs: {name: (dtype, shape with None for the batch)}."""
+    return {"logits": ("float32", (None, classes)), "probabilities": ("float32", (None, classes)),
+            "class_ids": ("int64", (None,)), "classes": ("string", (None, top_k)),
+            "scores": ("float32", (None, top_k))}
+
+
+def versions(directory):
+    """The version numbers present in a model's folder (TF Serving's numbered subfolders)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(entry.name) for entry in os.scandir(directory) if entry.is_dir() and entry.name.isdigit())
+
+
+def latest_version(directory, kind="saved_model"):
+    """`directory/<highest version>` holding `kind` ("saved_model" or "onnx"): for a
+    SavedModel, the one TF Serving serves by default.
+
+    Raises:
+        FileNotFoundError: if `directory` holds no numbered version with one.
+    """
+    marker = {"saved_model": "saved_model.pb", "onnx": onnx_file("predict_normalized")}[kind]
+    found = [version for version in versions(directory)
+             if os.path.exists(os.path.join(directory, str(version), marker))]
+    if not found:
+        how = "" if kind == "saved_model" else " --format onnx (or all)"
+        raise FileNotFoundError(f"No version folder with {'a SavedModel' if kind == 'saved_model' else 'ONNX models'} "
+                                f"(<directory>/<number>/{marker}) in {directory}. Export one with `keras-preact "
+                                f"export{how}`. Received: {directory!r}")
+    return os.path.join(directory, str(found[-1]))
+
+
+def read_metadata(version_path):
+    """A version folder's metadata.json.
+
+    Raises:
+        FileNotFoundError, ValueError: naming the file, if it is missing or not a JSON object.
+    """
+    return files.read_json(os.path.join(version_path, METADATA_FILE), "export the model again")

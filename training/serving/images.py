@@ -1,0 +1,153 @@
+"""Encoded images to the network's input with Pillow and NumPy, as the SavedModel's
+`serving_default` computes it with TensorFlow (`export.decode`), for the onnxruntime
+runtime, which imports neither TensorFlow nor Keras.
+
+The pixels equal TensorFlow's for JPEG (both decode with libjpeg's accurate integer
+DCT), PNG (8-bit, and 16-bit grey), GIF (its first frame, `requests.first_frame_png`)
+and BMP, to 1 or 3 channels; the resize is TensorFlow's bilinear resize
+(`tf.image.resize`: half-pixel centres, no antialiasing) in float32, in TensorFlow's order
+of operations (tests/test_serving_onnx.py compares them pixel for pixel). What differs is
+documented on `decode`.
+"""
+
+import io
+
+import numpy as np
+from PIL import Image
+
+from . import contract
+
+# Formats decoded to their own channels, then converted (`to_channels`), as `export.decode`
+# does with TensorFlow's GIF and BMP decoders; JPEG and PNG decode to the channels asked.
+OWN_CHANNELS = ("GIF", "BMP")
+# `tf.image.rgb_to_grayscale`'s weights (ITU-R BT.601), for GIF and BMP.
+GREY_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], np.float32)
+# libpng's weights of red, green and blue for colour PNGs decoded to grey, in units of
+# 2**-15 (0.299 and 0.587 as TensorFlow sets them, truncated; blue the rest), measured to equal
+# TensorFlow 2.21's output.
+PNG_GREY_WEIGHTS = (9797, 19234, 3737)
+
+
+def decode(encoded, channels):
+    """Encoded JPEG, PNG, GIF or BMP bytes -> uint8 pixels [height, width, channels], as
+    TensorFlow decodes them for the SavedModel.
+
+    JPEG: RGB from libjpeg's YCbCr conversion, grey as libjpeg's luminance (Pillow's
+    draft mode asks libjpeg for it). PNG: grey repeated to RGB, alpha dropped (not
+    composited), a palette expanded; to grey with libpng's weights. GIF and BMP: their own
+    channels, alpha dropped, grey repeated, RGB to grey with `GREY_WEIGHTS`.
+
+    Not compared with TensorFlow: 16-bit colour PNGs (Pillow reduces them to 8 bits as it
+    opens them) and CMYK JPEGs (TensorFlow refuses them; Pillow converts them).
+
+    Raises:
+        ValueError: for bytes that do not decode.
+    """
+    try:
+        with Image.open(io.BytesIO(encoded)) as image:
+            kind = image.format
+            if kind == "JPEG" and channels == 1:
+                image.draft("L", image.size)
+            if kind in OWN_CHANNELS:
+                return to_channels(own_channels(image), channels)
+            if image.mode.startswith("I"):  # 16-bit grey: its high byte
+                grey = (np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8)[..., None]
+                return grey if channels == 1 else np.repeat(grey, 3, axis=-1)
+            if channels == 3:
+                return np.asarray(image.convert("RGB"))
+            if image.mode in ("L", "LA"):
+                return np.asarray(image.convert("L"))[..., None]
+            return png_grey(image)
+    except (OSError, ValueError, SyntaxError, EOFError) as error:  # what Pillow raises for damaged files
+        raise ValueError(f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:120]}") from None
+
+
+def own_channels(image):
+    """A GIF's or BMP's pixels in the channels TensorFlow's decoder gives: grey, RGB or RGBA."""
+    if image.mode in ("L", "1"):
+        return np.asarray(image.convert("L"))[..., None]
+    return np.asarray(image.convert("RGBA" if "A" in image.mode or image.mode == "P" and
+                                    "transparency" in image.info else "RGB"))
+
+
+def to_channels(pixels, channels):
+    """uint8 pixels [height, width, 1 to 4] as 1 or 3 channels (`export.to_channels`)."""
+    rgb = pixels[..., :3] if pixels.shape[-1] >= 3 else np.repeat(pixels[..., :1], 3, axis=-1)
+    if channels == 3:
+        return rgb
+    if pixels.shape[-1] < 3:
+        return pixels[..., :1]
+    grey = rgb.astype(np.float32) / np.float32(255) @ GREY_WEIGHTS
+    # `tf.image.convert_image_dtype` back to uint8: scaled by 255.5 and truncated.
+    return np.clip(grey * np.float32(255.5), 0, 255).astype(np.uint8)[..., None]
+
+
+def png_grey(image):
+    """A colour PNG as grey, as libpng computes it for TensorFlow (`png_set_rgb_to_gray`
+    with the weights 0.299 and 0.587): in 15-bit fixed point, truncated."""
+    rgb = np.asarray(image.convert("RGB")).astype(np.uint32)
+    grey = (PNG_GREY_WEIGHTS[0] * rgb[..., 0] + PNG_GREY_WEIGHTS[1] * rgb[..., 1]
+            + PNG_GREY_WEIGHTS[2] * rgb[..., 2]) >> 15
+    return grey.astype(np.uint8)[..., None]
+
+
+def resize_bilinear(pixels, height, width):
+    """float32 [h, w, c] -> [height, width, c] as `tf.image.resize(..., "bilinear")`: half-pixel
+    centres, no antialiasing, computed in float32 in TensorFlow's order (along the columns,
+    then between the rows)."""
+    pixels = pixels.astype(np.float32)
+    top, bottom, row_fraction = axis_weights(pixels.shape[0], height)
+    left, right, column_fraction = axis_weights(pixels.shape[1], width)
+
+    def along_columns(rows):
+        return rows[:, left] + (rows[:, right] - rows[:, left]) * column_fraction[None, :, None]
+
+    upper, lower = along_columns(pixels[top]), along_columns(pixels[bottom])
+    return upper + (lower - upper) * row_fraction[:, None, None]
+
+
+def axis_weights(size, new_size):
+    """The two source indices and the fraction between them of each output position."""
+    scale = np.float32(size / new_size)
+    position = (np.arange(new_size, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
+    low = np.floor(position)
+    fraction = (position - low).astype(np.float32)
+    low = low.astype(np.int64)
+    return np.clip(low, 0, size - 1), np.clip(low + 1, 0, size - 1), fraction
+
+
+def crop(pixels, preprocessing):
+    """uint8 pixels of any size -> float32 [image_size, image_size, channels], as
+    `preprocessing.crop` does in training (`contract.CROPS`)."""
+    size = preprocessing.image_size
+    height, width = pixels.shape[:2]
+    if preprocessing.crop == "resize":
+        if (height, width) == (size, size):
+            return pixels.astype(np.float32)
+        return resize_bilinear(pixels, size, size)
+    scale = np.float32(size * contract.RESIZE_RATIO) / np.float32(min(height, width))
+    new_height, new_width = (int(np.round(np.float32(side) * scale)) for side in (height, width))
+    resized = resize_bilinear(pixels, new_height, new_width)
+    top, left = max(new_height - size, 0) // 2, max(new_width - size, 0) // 2
+    return resized[top:top + size, left:left + size]
+
+
+def preprocess(encoded_images, preprocessing):
+    """Encoded images -> the network's normalised float32 input [batch, size, size, channels],
+    as the SavedModel's serving_default computes it (`keras.layers.Normalization` over the
+    mean and the variance std**2, float32).
+
+    Raises:
+        ValueError: naming the instances whose bytes do not decode.
+    """
+    pixels, failures = [], []
+    for index, encoded in enumerate(encoded_images):
+        try:
+            pixels.append(crop(decode(encoded, preprocessing.channels), preprocessing))
+        except ValueError as error:
+            failures.append(f"instance {index} ({len(encoded)} bytes): {error}")
+    if failures:
+        raise ValueError("; ".join(failures))
+    mean = np.array(preprocessing.normalization_mean, np.float32)
+    deviation = np.sqrt(np.array([std ** 2 for std in preprocessing.normalization_std], np.float32))
+    return (np.stack(pixels) - mean) / np.maximum(deviation, np.float32(1e-7))

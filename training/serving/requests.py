@@ -1,0 +1,250 @@
+"""A `:predict` request body read and checked, and an answer written, without TensorFlow.
+
+TF Serving's REST request (https://www.tensorflow.org/tfx/serving/api_rest):
+`{"signature_name": ..., "instances": [...]}` (row format, answered with "predictions") or
+`{"inputs": ...}` (columnar, answered with "outputs"); binary values such as encoded
+images as `{"b64": "..."}`. Everything a client sends is bounded before it is materialised:
+the values a body holds (counted before JSON parses it), the instances, and the pixels of
+encoded images (read from their headers before anything decodes them).
+"""
+
+import base64
+import io
+import json
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+# What the images of one request may hold, read from their headers before decoding: one
+# image at most 4096 x 4096 pixels, the request's images together four times that (about
+# 200 MB decoded as RGB). A 20000 x 20000 PNG of 431 KB is refused in milliseconds.
+MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_REQUEST_PIXELS = 4 * MAX_IMAGE_PIXELS
+IMAGE_FORMATS = ("JPEG", "PNG", "GIF", "BMP")  # what tf.io.decode_image reads
+# Formats whose files may hold several frames, each of its own size: the server decodes
+# their first frame alone (Pillow) and hands it on as PNG; TensorFlow's GIF decoder would
+# decode every frame, whatever the limits read from the first frame's header.
+FIRST_FRAME_ONLY = ("GIF",)
+UNDECODABLE = "Could not decode the image bytes (JPEG, PNG, GIF or BMP expected): "
+# Top-level fields besides the instances' values that a request may add to the count of
+# values (`max_separators`).
+REQUEST_FIELDS_SLACK = 16
+# Bytes of a body counted at a time (`count_separators`).
+COUNT_SLICE = 2**20
+NUMPY_DTYPES = {"uint8": np.uint8, "float32": np.float32}
+
+
+class BadRequest(ValueError):
+    """A request the server cannot answer; `status` is its HTTP status."""
+
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, eq=False)
+class Parsed:
+    """A `:predict` request read and checked: the signature, its input, the instances.
+
+    Compared by identity (`eq=False`): two requests are never "equal", and nothing
+    compares the NumPy arrays they hold."""
+
+    signature: str
+    key: str
+    values: object  # a numpy array of the input's dtype, or a list of encoded images (bytes)
+    row_format: bool
+    pixels: int = 0  # the images' decoded pixels, from their headers
+
+    def __len__(self):
+        return len(self.values)
+
+
+def max_separators(max_batch, image_shape):
+    """The most commas a request of `max_batch` instances holds, for the largest input of
+    `contract.SIGNATURES` (an image array of `image_shape`): each instance's numbers and
+    nested arrays, and a few fields. Counted in the body's bytes before it is parsed, this
+    bounds the values JSON makes."""
+    per_instance = sum(int(np.prod(image_shape[:end])) for end in range(1, len(image_shape) + 1))
+    return max_batch * per_instance + REQUEST_FIELDS_SLACK
+
+
+def parse(body, signatures, image_shape, max_batch):
+    """A `:predict` request body (bytes) read into a `Parsed`.
+
+    Args:
+        body: the request body.
+        signatures: `contract.SIGNATURES`, the signatures served.
+        image_shape: the network's (height, width, channels).
+        max_batch: the most instances a request may hold.
+
+    Raises:
+        BadRequest: for malformed JSON, an unknown signature, a missing, mistyped or
+            misshapen input, too large a batch, or images too large or not images.
+    """
+    limit = max_separators(max_batch, image_shape)
+    separators = count_separators(body, limit)
+    if separators > limit:
+        raise BadRequest(f"The request holds too many values: {separators + 1:,} or more, where {max_batch} "
+                         f"instances (--max-batch) of this model's largest input hold at most {limit:,}.", 413)
+    try:
+        request = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as error:  # ValueError: JSON errors, numbers of over 4,300 digits
+        raise BadRequest(f"The request body is not valid JSON: {str(error)[:200]}") from None
+    except RecursionError:
+        raise BadRequest("The request body is nested too deeply to read.") from None
+    if not isinstance(request, dict):
+        raise BadRequest(f"The request must be a JSON object. Received: {type(request).__name__}")
+    name = request.get("signature_name", "serving_default")
+    if not isinstance(name, str) or name not in signatures:
+        raise BadRequest(f"Unknown signature_name. Choose one of {sorted(signatures)}. "
+                         f"Received: {json.dumps(name)[:80]}")
+    unknown = sorted(set(request) - {"signature_name", "instances", "inputs"})
+    if unknown or ("instances" in request) == ("inputs" in request):
+        raise BadRequest("The request needs exactly one of 'instances' (row format) or 'inputs' (columnar), "
+                         f"and optionally 'signature_name'. Received keys: {sorted(request)}")
+    signature = signatures[name]
+    key, row_format = signature.key, "instances" in request
+    values = request["instances"] if row_format else request["inputs"]
+    if row_format and isinstance(values, list):
+        values = [value[key] if isinstance(value, dict) and key in value else value for value in values]
+    elif not row_format and isinstance(values, dict) and key in values:
+        values = values[key]
+    values = to_values(values, signature, signature.shape(image_shape), max_batch)
+    values, pixels = checked_images(values, key) if signature.dtype == "string" else (values, 0)
+    return Parsed(name, key, values, row_format, pixels)
+
+
+def to_values(values, signature, shape, max_batch):
+    """The JSON value of `signature`'s input as a numpy array of its dtype and `shape` (a list
+    of bytes for encoded images), or a BadRequest that says why not."""
+    key = signature.key
+    if not isinstance(values, list) or not values:
+        raise BadRequest(f"Input {key!r} must be a non-empty list, one entry per instance. "
+                         f"Received: {type(values).__name__}")
+    if len(values) > max_batch:
+        raise BadRequest(f"Too many instances: this server takes at most {max_batch} per request "
+                         f"(--max-batch). Received: {len(values)}")
+    if signature.dtype == "string":
+        return [binary(value, key, index) for index, value in enumerate(values)]
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (ValueError, TypeError):
+        raise BadRequest(f"Input {key!r} must be a rectangular array of numbers of shape "
+                         f"{shape_text(shape)}.") from None
+    if array.ndim != len(shape) or any(want is not None and want != got for want, got in zip(shape, array.shape)):
+        raise BadRequest(f"Input {key!r} must have shape {shape_text(shape)}. Received: shape {tuple(array.shape)}")
+    if signature.dtype == "uint8" and (np.any(array < 0) or np.any(array > 255) or np.any(array != np.round(array))):
+        raise BadRequest(f"Input {key!r} holds uint8 pixels: integers from 0 to 255.")
+    if not np.all(np.isfinite(array)):
+        raise BadRequest(f"Input {key!r} holds a NaN or infinite value.")
+    dtype = NUMPY_DTYPES[signature.dtype]
+    with np.errstate(over="ignore"):
+        converted = array.astype(dtype)
+    if not np.all(np.isfinite(converted)):
+        raise BadRequest(f"Input {key!r} holds a value too large for {signature.dtype} "
+                         f"(at most {np.finfo(dtype).max:.4g}).")
+    return converted
+
+
+def binary(value, key, index):
+    if isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
+        try:
+            return base64.b64decode(value["b64"], validate=True)
+        except ValueError as error:
+            raise BadRequest(f"Instance {index} of {key!r}: invalid base64 ({error}).") from None
+    if isinstance(value, str):
+        return value.encode()
+    raise BadRequest(f"Instance {index} of {key!r} must be {{\"b64\": \"<base64 of the image file>\"}}. "
+                     f"Received: {json.dumps(value)[:80]}")
+
+
+def count_separators(body, limit):
+    """The commas of `body`, counted in slices of COUNT_SLICE bytes (each holds the GIL for a
+    millisecond or two, so that the event loop runs between them) until the count passes
+    `limit`: a 57 MB body of numbers is refused after its first megabyte."""
+    count = 0
+    for start in range(0, len(body), COUNT_SLICE):
+        count += body.count(b",", start, start + COUNT_SLICE)
+        if count > limit:
+            break
+    return count
+
+
+def checked_images(images, key):
+    """The encoded `images` as the network decodes them, and their pixels, read from their
+    headers (Pillow reads a header without decoding the image): a BadRequest for files that
+    are not JPEG, PNG, GIF or BMP, for an image over MAX_IMAGE_PIXELS and for a request over
+    MAX_REQUEST_PIXELS. A GIF (`FIRST_FRAME_ONLY`) is replaced by its first frame as PNG,
+    decoded here once its size is known to fit, so that no later frame is ever decoded."""
+    total, checked = 0, []
+    for index, encoded in enumerate(images):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # refused below, by our own bound
+                with Image.open(io.BytesIO(encoded), formats=IMAGE_FORMATS) as image:
+                    width, height = image.size
+                    if width * height <= MAX_IMAGE_PIXELS and image.format in FIRST_FRAME_ONLY:
+                        encoded = first_frame_png(image)
+        except Image.DecompressionBombError as error:  # over 179 million pixels: refused by Pillow itself
+            raise BadRequest(f"Instance {index} of {key!r} is too large: {error}", 413) from None
+        except Image.UnidentifiedImageError:
+            raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): Unknown image file "
+                             "format") from None
+        except (OSError, ValueError, SyntaxError, EOFError) as error:  # a header or frame Pillow cannot read
+            raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): "
+                             f"{(str(error).splitlines() or [type(error).__name__])[0][:120]}") from None
+        if width * height > MAX_IMAGE_PIXELS:
+            raise BadRequest(f"Instance {index} of {key!r} is too large: {width} x {height} pixels; this server "
+                             f"decodes at most {MAX_IMAGE_PIXELS:,} pixels an image.", 413)
+        total += width * height
+        checked.append(encoded)
+    if total > MAX_REQUEST_PIXELS:
+        raise BadRequest(f"The request's images are too large together: {total:,} pixels; this server decodes "
+                         f"at most {MAX_REQUEST_PIXELS:,} pixels a request.", 413)
+    return checked, total
+
+
+def first_frame_png(image):
+    """The first frame of an opened GIF as PNG bytes, with TensorFlow's GIF decoder's pixels:
+    RGB from the palette, transparent pixels black (0, 0, 0)."""
+    image.seek(0)
+    rgba = np.asarray(image.convert("RGBA"))
+    rgb = np.where(rgba[..., 3:] > 0, rgba[..., :3], 0).astype(np.uint8)
+    encoded = io.BytesIO()
+    Image.fromarray(rgb, "RGB").save(encoded, format="PNG", compress_level=1)
+    return encoded.getvalue()
+
+
+def concatenated(requests):
+    """The instances of several `Parsed` requests of one signature, as one input."""
+    if isinstance(requests[0].values, list):
+        return [image for request in requests for image in request.values]
+    return np.concatenate([request.values for request in requests])
+
+
+def answer(parsed, outputs):
+    """The JSON-ready answer to `parsed` from its `outputs` (numpy arrays by name; class
+    names as bytes); non-finite outputs are a BadRequest."""
+    if isinstance(outputs, BadRequest):
+        raise outputs
+    broken = sorted({int(row) for value in outputs.values() if value.dtype.kind == "f"
+                     for row in np.nonzero(~np.isfinite(value.reshape(len(value), -1)).all(axis=1))[0]})
+    if broken:
+        raise BadRequest(f"The network's outputs are not finite (NaN or infinite) for instances {broken[:10]}: "
+                         "inputs far outside the range it was trained on.")
+    outputs = {output: to_json(value) for output, value in outputs.items()}
+    if not parsed.row_format:
+        return {"outputs": outputs}
+    return {"predictions": [dict(zip(outputs, row)) for row in zip(*outputs.values())]}
+
+
+def to_json(array):
+    if array.dtype == object:
+        return np.vectorize(lambda value: value.decode("utf-8", "replace"), otypes=[object])(array).tolist()
+    return array.tolist()
+
+
+def shape_text(shape):
+    return "[" + ", ".join("batch" if size is None else str(size) for size in shape) + "]"

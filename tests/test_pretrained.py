@@ -257,7 +257,10 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert fresh.returncode == 0, fresh.stderr[-2000:]
 
-    entry = zoo.publish(str(run_dir), "resnet20")
+    with pytest.raises(ValueError, match=r"^images_per_second must be a positive number. Received: "
+                                         r"images_per_second=0$"):
+        zoo.publish(str(run_dir), "resnet20", images_per_second=0)
+    entry = zoo.publish(str(run_dir), "resnet20", images_per_second=0.05)
     shipped = tmp_path / "weights" / "cifar10_resnet20.weights.h5"
     assert entry["file"] == shipped.name and entry["sha256"] == pretrained.sha256(shipped)
     assert entry["bytes"] == shipped.stat().st_size and entry["parameters"] == 269_722
@@ -267,11 +270,14 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
                                 f"{small_cifar.name} --set batch_size=10 --set duration=1 --set warmup=0")
     assert entry["config"]["model"] == "resnet20" and entry["config"]["data_dir"] == small_cifar.name
     assert entry["data"] == zoo.DATA_DESCRIPTION
+    # The hours the run's images take alone at (a slow) 0.05 images/s: 1 epoch of 50 images.
+    assert summary["steps"] * 10 == 50 and entry["images_per_second_alone"] == 0.05
+    assert entry["hours_alone"] == round(50 / 0.05 / 3600, 4)
     assert pretrained.registry()["cifar10"]["resnet20"] == entry
     assert zoo.markdown_table().splitlines()[2] == (
         f"| resnet20 | pre-activation | 0.27M | **{100 * entry['test_error']:.2f}** | "
         f"{100 * entry['flip_test_error']:.2f} | 8.75 (He 2015, original) | 8.27 | "
-        f"7.4 | {entry['training_hours']:.1f} | `keras-preact train --config cifar10_cpu --model resnet20 --set "
+        f"7.4 | {entry['training_hours']:.1f} | {entry['hours_alone']:.2f} (0.05) | `keras-preact train --config cifar10_cpu --model resnet20 --set "
         f"batch_size=10 --set duration=1 --set warmup=0` (1 epochs, step) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |")
     network = keras.saving.load_model(run_dir / "model.keras").layers[-1]
     loaded = keras_preact.ResNet20(weights="cifar10", classifier_activation=None)

@@ -114,6 +114,9 @@ def parser():
     publish.add_argument("--run-dir", required=True, help="a finished run of `keras-preact train`")
     publish.add_argument("--name", required=True, help="the network's name, e.g. resnet20 or resnet20_original")
     publish.add_argument("--data-dir", help="the run's data, to evaluate the saved file (default: the run's)")
+    publish.add_argument("--images-per-second", type=float,
+                         help="the network's training rate measured alone on the machine that trained it "
+                              "(python bench/training_throughput.py): the entry records the hours alone")
     command(
         "zoo", help="print the model zoo's table: the shipped networks, their test error beside the published",
         description="Print, as Markdown, every network with shipped CIFAR-10 weights: unit, parameters, final "
@@ -353,7 +356,8 @@ def evaluate_command(arguments):
 def publish_command(arguments):
     from . import zoo
 
-    entry = zoo.publish(arguments.run_dir, arguments.name, arguments.data_dir)
+    entry = zoo.publish(arguments.run_dir, arguments.name, arguments.data_dir,
+                        images_per_second=arguments.images_per_second)
     print(f"Published {arguments.name}: {entry['file']} ({entry['bytes'] / 2**20:.1f} MB, sha256 "
           f"{entry['sha256'][:16]}), test error {100 * entry['test_error']:.2f} %.")
     return 0

@@ -44,18 +44,20 @@ def markdown_table(registry=None):
     published ones, its training hours and recipe, its file."""
     entries = (registry or pretrained.registry()).get("cifar10", {})
     lines = ["| network | unit | parameters | test error % | with flip % | paper % | akamaster % | chenyaofo % | hours "
-             "| recipe | file | sha256 |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| hours alone (images/s) | recipe | file | sha256 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in sorted(entries.items(), key=lambda item: (item[1]["parameters"], item[0])):
         references = REFERENCES.get(name, {})
         config = entry["config"]
         command = f"`{user_command(entry['command'], data_dir=False)}`" if entry.get("command") else ""
         flip = f"{100 * entry['flip_test_error']:.2f}" if entry.get("flip_test_error") is not None else ""
+        alone = (f"{entry['hours_alone']:.2f} ({entry['images_per_second_alone']:g})"
+                 if entry.get("hours_alone") is not None else "")
         lines.append(
             f"| {name} | {'original' if name.endswith('_original') else 'pre-activation'} | "
             f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {flip} | "
             f"{references.get('paper', '')} | "
             f"{references.get('akamaster') or ''} | {references.get('chenyaofo') or ''} | "
-            f"{entry['training_hours']:.1f} | {command} ({config['duration']:g} {config['schedule_unit']}, "
+            f"{entry['training_hours']:.1f} | {alone} | {command} ({config['duration']:g} {config['schedule_unit']}, "
             f"{config.get('schedule', 'step')}) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |")
     return "\n".join(lines)
 
@@ -102,7 +104,7 @@ AGREEMENT = 0.001
 MAXIMUM_BYTES = 16 * 2**20
 
 
-def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=None):
+def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=None, images_per_second=None):
     """Publishes the network of the finished run in `run_dir` as `name`'s CIFAR-10 weights.
 
     Args:
@@ -112,6 +114,10 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
         data_dir: the run's data directory (CIFAR-10 JPEG folders or tensorflow-datasets'),
             for the evaluation of the shipped file; the run's own by default.
         weights_directory, registry_file: where the files go (the package's by default).
+        images_per_second: the network's training rate measured alone on the machine that
+            trained it (`python bench/training_throughput.py`), where the run shared its
+            cores: the entry then records the hours the run's images take at that rate
+            (`hours_alone`) beside the run's own wall-clock `training_hours`.
 
     Returns:
         The registry entry.
@@ -121,6 +127,10 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
             shipped file whose test error disagrees with the run's.
         FileNotFoundError: for a missing run.
     """
+    if images_per_second is not None and not (isinstance(images_per_second, (int, float))
+                                              and 0 < images_per_second < float("inf")):
+        raise ValueError(f"images_per_second must be a positive number. Received: images_per_second="
+                         f"{images_per_second!r}")
     weights_directory = weights_directory or pretrained.WEIGHTS_DIRECTORY
     registry_file = registry_file or pretrained.REGISTRY_FILE
     summary_path = os.path.join(run_dir, "summary.json")
@@ -169,6 +179,9 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
         config=dict(config, data_dir=user_data_dir(config.get("data_dir"))),
         training_hours=summary.get("training_hours"),
         training_images_per_second=round(summary["training_images_per_second"], 1),
+        **(dict(images_per_second_alone=images_per_second,
+                hours_alone=round(summary["steps"] * config["batch_size"] / images_per_second / 3600, 4))
+           if images_per_second is not None else {}),
         date=datetime.date.today().isoformat(),
         versions=dict(keras_preact=keras_preact.__version__, keras=keras.__version__, backend=keras.backend.backend(),
                       tensorflow=_tensorflow_version(), python=platform.python_version()),

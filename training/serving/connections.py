@@ -103,6 +103,8 @@ class Connection(asyncio.Protocol):
         self.start_deadline()
 
     def data_received(self, data):
+        if self.inner is None:  # refused: closing
+            return
         if self.state == WAITING and len(self.received) <= MAX_HEAD_BYTES:
             self.received += data[:MAX_HEAD_BYTES + 1 - len(self.received)]
         self.inner.data_received(data)

@@ -35,28 +35,26 @@ MAX_BODY_BYTES = 64 * 2**20
 PARSE_THREADS = 2
 
 
-class ModelNameConvertor(Convertor):
-    """A model's name in a route: one path segment without ":" (":predict" follows it)."""
+class TextConvertor(Convertor):
+    """A path segment of a route kept as text; each subclass gives its pattern."""
+
+    def convert(self, value):
+        return value
+
+    def to_string(self, value):
+        return value
+
+
+class ModelNameConvertor(TextConvertor):
+    """A model's name: one path segment without ":" (":predict" follows it)."""
 
     regex = "[^/:]+"
 
-    def convert(self, value):
-        return value
 
-    def to_string(self, value):
-        return value
-
-
-class VersionConvertor(Convertor):
-    """A version in a route: digits, kept as text (a 5,000-digit version is no int Python parses)."""
+class VersionConvertor(TextConvertor):
+    """A version: digits, kept as text (a 5,000-digit version is no int Python parses)."""
 
     regex = "[0-9]+"
-
-    def convert(self, value):
-        return value
-
-    def to_string(self, value):
-        return value
 
 
 register_url_convertor("model_name", ModelNameConvertor())

@@ -22,9 +22,12 @@ QUEUE=(
   "search-wd5e-4-smooth-e15|$SEARCH --set duration=15 --set weight_decay=5e-4 --set label_smoothing=0.1"
   "search-wd5e-4-average-e15|$SEARCH --set duration=15 --set weight_decay=5e-4 --set average_momentum=0.999"
   "search-wd5e-4-nesterov-e15|$SEARCH --set duration=15 --set weight_decay=5e-4 --set nesterov=true"
-  "search-wd5e-4-e30|$SEARCH --set duration=30 --set weight_decay=5e-4"
-  "search-wd5e-4-e60|$SEARCH --set duration=60 --set weight_decay=5e-4"
-  "search-wd5e-4-float32-e15|$SEARCH --set duration=15 --set weight_decay=5e-4 --set precision=float32"
+  # Nesterov momentum gained 1.9 points at 15 epochs (14.40 against 16.30 %), the others
+  # within noise: the lengths and the precision are measured with it.
+  "search-wd5e-4-nesterov-smooth-e15|$SEARCH --set duration=15 --set weight_decay=5e-4 --set nesterov=true --set label_smoothing=0.1"
+  "search-wd5e-4-nesterov-e30|$SEARCH --set duration=30 --set weight_decay=5e-4 --set nesterov=true"
+  "search-wd5e-4-nesterov-e60|$SEARCH --set duration=60 --set weight_decay=5e-4 --set nesterov=true"
+  "search-wd5e-4-nesterov-float32-e15|$SEARCH --set duration=15 --set weight_decay=5e-4 --set nesterov=true --set precision=float32"
 )
 
 mkdir -p "$RUNS"

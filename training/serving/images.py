@@ -66,8 +66,8 @@ def own_channels(image):
     """A GIF's or BMP's pixels in the channels TensorFlow's decoder gives: grey, RGB or RGBA."""
     if image.mode in ("L", "1"):
         return np.asarray(image.convert("L"))[..., None]
-    return np.asarray(image.convert("RGBA" if "A" in image.mode or image.mode == "P" and
-                                    "transparency" in image.info else "RGB"))
+    transparent = "A" in image.mode or (image.mode == "P" and "transparency" in image.info)
+    return np.asarray(image.convert("RGBA" if transparent else "RGB"))
 
 
 def to_channels(pixels, channels):

@@ -18,12 +18,17 @@ from . import contract, images
 from .requests import UNDECODABLE, BadRequest
 
 
-
 class OnnxRuntime:
     """A version folder's ONNX models, each file checked first: its SHA-256 against the one
     metadata.json recorded at export, then its input and outputs against the signature's
     and the class names. Runs on as many threads as the machine has cores (onnxruntime's
     default).
+
+    Args:
+        path: the version folder (`saved_models/<name>/<version>`).
+        metadata: its metadata.json, as read.
+        preprocessing: the `contract.Preprocessing` it records.
+        class_names, top_k: the classes the outputs name, and how many each answer lists.
 
     Raises:
         ValueError: naming the file, for a missing, empty, truncated, altered or swapped

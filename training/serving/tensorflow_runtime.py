@@ -13,6 +13,12 @@ from .requests import UNDECODABLE, BadRequest
 class TensorFlowRuntime:
     """A version folder's SavedModel, its signatures checked against the contract.
 
+    Args:
+        path: the version folder (`saved_models/<name>/<version>`).
+        metadata: its metadata.json, as read (unused here: every runtime takes the same arguments).
+        preprocessing: the `contract.Preprocessing` it records.
+        class_names, top_k: the classes the outputs name, and how many each answer lists.
+
     Raises:
         ValueError: for a SavedModel that does not load, or whose signatures are not the
             contract's (`contract.SIGNATURES`, `contract.output_shapes`).

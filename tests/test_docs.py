@@ -106,12 +106,14 @@ def test_the_readme_is_the_short_front_door_with_a_map_of_every_page():
 
 def test_the_zoo_tables_are_the_registrys(tmp_path):
     """The README's and the zoo page's tables are what `keras-preact zoo` prints from the
-    registry: a network's row lands with its entry."""
+    registry, and the README's units table what `keras-preact zoo --units` prints: a
+    network's row lands with its entry."""
     from keras_preact_training import zoo
 
     table = zoo.markdown_table()
     for path in (README, os.path.join(DOCS, "zoo.md")):
         assert table in read(path), f"{os.path.relpath(path, ROOT)}'s zoo table is not `keras-preact zoo`'s"
+    assert zoo.unit_comparison_table() in read(README), "the README's units table is not `keras-preact zoo --units`'s"
 
 
 def mkdocs_build(folder, site):

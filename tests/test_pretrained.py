@@ -157,6 +157,28 @@ def test_every_shipped_file_matches_its_registry_entry():
         assert os.path.getsize(pretrained.verified_file(entry)) <= 16 * 2**20
 
 
+@pytest.mark.tensorflow
+def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
+    from keras_preact_training import zoo
+
+    def entry(test_error, flip_test_error, **config):
+        recipe = dict(duration=30, schedule_unit="epochs", schedule="cosine", weight_decay=0.0005, scan_units=None,
+                      checkpoint_every=390)
+        return dict(test_error=test_error, flip_test_error=flip_test_error, parameters=1, config=dict(recipe, **config))
+
+    registry = {"cifar10": {
+        # The same recipe logged and laid out otherwise: compared.
+        "resnet20": entry(0.1012, 0.0951, model="resnet20", scan_units=False),
+        "resnet20_original": entry(0.1034, 0.0967, model="resnet20_original", checkpoint_every=195),
+        # Another weight decay: not the same recipe, left out; a depth with one unit: left out.
+        "resnet56": entry(0.08, 0.07, model="resnet56"),
+        "resnet56_original": entry(0.09, 0.08, model="resnet56_original", weight_decay=0.0001),
+        "resnet110": entry(0.07, 0.06, model="resnet110"),
+    }}
+    assert zoo.unit_comparison_table(registry).splitlines()[2:] == [
+        "| resnet20 | 10.34 | 10.12 | +0.22 | 9.67 / 9.51 | 8.75 (He 2015) / none | 30 epochs, cosine |"]
+
+
 @pytest.fixture
 def small_cifar(cifar_folder, tmp_path):
     """10 test and 5 training images per class of the CIFAR-10 JPEGs, linked."""

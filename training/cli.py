@@ -7,6 +7,7 @@
     keras-preact configs                                    # the configs and their fields
     keras-preact evaluate --model resnet20 --weights cifar10 --data-dir DIR   # test error, per class
     keras-preact zoo                                        # the shipped networks and their errors
+    keras-preact zoo --units                                # original against pre-activation units
     keras-preact compare RUN_DIR RUN_DIR                    # error against hours, side by side
     keras-preact export --run-dir runs/demo                 # a SavedModel for TF Serving
     keras-preact export --model resnet20 --weights cifar10 --images docs/cifar10/*.jpg   # shipped weights
@@ -117,11 +118,14 @@ def parser():
     publish.add_argument("--images-per-second", type=float,
                          help="the network's training rate measured alone on the machine that trained it "
                               "(python bench/training_throughput.py): the entry records the hours alone")
-    command(
+    zoo_command = command(
         "zoo", help="print the model zoo's table: the shipped networks, their test error beside the published",
         description="Print, as Markdown, every network with shipped CIFAR-10 weights: unit, parameters, final "
         "test error on the 10,000 test images beside the paper's and two reimplementations', training hours, "
         "recipe, file size and SHA-256 (from keras_preact/weights/registry.json).")
+    zoo_command.add_argument("--units", action="store_true",
+                             help="print instead the original against the pre-activation unit at each depth "
+                                  "shipped with both under one recipe (Table 3 at the zoo's scale)")
     compare = command(
         "compare", help="finished runs side by side: final error, hours, a time-to-accuracy plot",
         description="Compare finished runs (e.g. one network under different schedules, evaluated on a "
@@ -286,7 +290,7 @@ def main(argv=None):
         if arguments.command == "zoo":
             from . import zoo
 
-            print(zoo.markdown_table())
+            print(zoo.unit_comparison_table() if arguments.units else zoo.markdown_table())
             return 0
         if arguments.command == "diagnose":
             from . import diagnose

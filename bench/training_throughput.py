@@ -2,10 +2,13 @@
 
     python bench/training_throughput.py --data-dir ~/.cache/keras-preact/cifar10-jpeg \\
         --models resnet20 resnet110 resnet164
+    python bench/training_throughput.py --data-dir ~/.cache/keras-preact/cifar10-jpeg \\
+        --config cifar10_zoo --models resnet56 --window 20   # a zoo row's rate alone
 
 Prints the machine, then images per second of (a) the input pipeline alone (JPEG
 decoding, shuffling, batching, as training reads it) and (b) training each model with
-the paper's recipe at batch 128 (`keras-preact`'s loop; the median over windows
+`--config`'s recipe (the paper's by default; its optimizer, precision and augmentation,
+run for a few steps) at batch 128 (`keras-preact`'s loop; the median over windows
 of `--window` steps after the first, which includes tracing).
 """
 
@@ -42,18 +45,21 @@ def pipeline_images_per_second(config, batches):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", required=True, help="CIFAR-10 as an image folder (train/, test/)")
+    parser.add_argument("--config", default="cifar10_paper", choices=sorted(configs.CONFIGS),
+                        help="the recipe whose training step is timed (default: the paper's)")
     parser.add_argument("--models", nargs="+", default=["resnet20", "resnet110", "resnet164"])
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--window", type=int, default=4, help="steps per timing window")
     parser.add_argument("--windows", type=int, default=3)
     arguments = parser.parse_args()
-    config = configs.CONFIGS["cifar10_paper"].override(
+    config = configs.CONFIGS[arguments.config].override(
         "dataset=folder", f"data_dir={arguments.data_dir}", f"batch_size={arguments.batch_size}",
         "test_examples=500", "schedule_unit=steps", f"reference_batch_size={arguments.batch_size}",
         f"log_every={arguments.window}", "evaluate_every=100000", "checkpoint_every=100000", "warmup=0",
         f"duration={arguments.window * (arguments.windows + 1)}",
     )
     print(f"machine: {machine()}")
+    print(f"recipe: {arguments.config} ({config.precision}, nesterov={config.nesterov})")
     print(f"input pipeline, batch {arguments.batch_size}: {pipeline_images_per_second(config, 40):.0f} images/s")
     for model in arguments.models:
         with tempfile.TemporaryDirectory() as run_dir:

@@ -7,7 +7,7 @@
 # Runs go to ~/.cache/keras-preact/runs/<name>, at nice 10 so that tests come first;
 # `kill -STOP` / `kill -CONT` the python process to pause one for a benchmark.
 #
-# The recipe search (issue 26 item 1): ResNet-20 on 45,000 training JPEGs, evaluated on a
+# First the recipe search (issue 26 item 1): ResNet-20 on 45,000 training JPEGs, evaluated on a
 # fixed 5,000 held out of them (never the test set), mixed_bfloat16, cosine schedule.
 set -u
 cd "$(dirname "$0")/.."
@@ -29,6 +29,17 @@ QUEUE=(
   "search-wd5e-4-nesterov-e60|$SEARCH --set duration=60 --set weight_decay=5e-4 --set nesterov=true"
   # No float32 run: bfloat16's cost was measured already, none (docs/benchmarks.md, 4 seeds of
   # float32 and 2 of bfloat16 at 30 epochs), and its 0.4 hours go to the zoo instead.
+
+  # The zoo (issue 26 item 3): the chosen recipe, all 50,000 training JPEGs, tested on the
+  # 10,000 test JPEGs; each lands (keras-preact publish) as soon as it finishes. Rates
+  # measured alone (bench/training_throughput.py --config cifar10_zoo, 2026-11-24): ResNet-20
+  # 597-690 images/s (1.2-1.4 hours), ResNet-56 208 (4.0 hours), ResNet-110 109 (7.6 hours).
+  "zoo-resnet20|--config cifar10_zoo --model resnet20"
+  "zoo-resnet20-original|--config cifar10_zoo --model resnet20_original"
+  "zoo-resnet56|--config cifar10_zoo --model resnet56"
+  "zoo-resnet56-original|--config cifar10_zoo --model resnet56_original"
+  "zoo-resnet110|--config cifar10_zoo --model resnet110"
+  "zoo-resnet110-original|--config cifar10_zoo --model resnet110_original"
 )
 
 mkdir -p "$RUNS"

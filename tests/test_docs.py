@@ -37,7 +37,7 @@ def substitutions(tmp_path):
     return {
         '"cifar10-jpeg/train"': repr(str(sample_folder(tmp_path))),
         "epochs=200": "epochs=1",
-        "epochs=30": "epochs=1",
+        "epochs=60": "epochs=1",
         '"saved_models/my_resnet20"': repr(str(tmp_path / "saved_models" / "my_resnet20")),
     }
 

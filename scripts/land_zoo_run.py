@@ -1,0 +1,67 @@
+"""Lands a finished zoo run (issue 26): the network, its registry entry, curves, logs and table rows together.
+
+    python scripts/land_zoo_run.py ~/.cache/keras-preact/runs/zoo-resnet20 --name resnet20 --images-per-second 690
+
+Publishes the run (`keras-preact publish`: the weights file, evaluated again, and its
+registry entry with the hours alone at the rate measured alone), copies its curves to
+`docs/zoo_<name>_curves.png` and its config, log and summary to `docs/runs/zoo-<name>/`,
+and rewrites the zoo's tables in README.md and docs/zoo.md (`keras-preact zoo`, and `zoo
+--units` in the README) from the registry. Then commit the lot in one commit.
+"""
+
+import argparse
+import os
+import shutil
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from training import zoo  # noqa: E402
+
+
+def replace_table(text, table):
+    """`text` with the Markdown table whose header line is `table`'s first replaced by `table`."""
+    header = table.splitlines()[0]
+    if header not in text:
+        raise ValueError(f"no table with the header {header!r} to replace")
+    start = text.index(header)
+    end = text.find("\n\n", start)
+    end = len(text) if end == -1 else end
+    return text[:start] + table + text[end:]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("--name", required=True, help="the network, e.g. resnet20 or resnet56_original")
+    parser.add_argument("--images-per-second", type=float, required=True,
+                        help="its training rate measured alone (bench/training_throughput.py --config cifar10_zoo)")
+    arguments = parser.parse_args()
+    entry = zoo.publish(arguments.run_dir, arguments.name, images_per_second=arguments.images_per_second)
+    curves = f"zoo_{arguments.name}_curves.png"
+    shutil.copy(os.path.join(arguments.run_dir, "curves.png"), os.path.join(ROOT, "docs", curves))
+    logs = os.path.join(ROOT, "docs", "runs", f"zoo-{arguments.name}")
+    os.makedirs(logs, exist_ok=True)
+    for name in ("config.json", "log.csv", "summary.json"):
+        shutil.copy(os.path.join(arguments.run_dir, name), logs)
+    tables = {"README.md": [zoo.markdown_table(), zoo.unit_comparison_table()], "docs/zoo.md": [zoo.markdown_table()]}
+    for document, replacements in tables.items():
+        path = os.path.join(ROOT, document)
+        with open(path) as file:
+            text = file.read()
+        for table in replacements:
+            text = replace_table(text, table)
+        if document == "docs/zoo.md" and f"({curves})" not in text:
+            last = text.rindex("_curves.png)\n") + len("_curves.png)\n")
+            image = f"![Test error and training loss of the zoo's {arguments.name}]({curves})\n"
+            text = text[:last] + image + text[last:]
+        with open(path, "w") as file:
+            file.write(text)
+    print(f"{arguments.name}: test error {100 * entry['test_error']:.2f} %, with flip "
+          f"{100 * entry['flip_test_error']:.2f} %, {entry['hours_alone']:.2f} hours alone; curves, logs and "
+          f"tables written: commit them together.")
+
+
+if __name__ == "__main__":
+    main()

@@ -177,6 +177,12 @@ def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
     }}
     assert zoo.unit_comparison_table(registry).splitlines()[2:] == [
         "| resnet20 | 10.34 | 10.12 | +0.22 | 9.67 / 9.51 | 8.75 (He 2015) / none | 30 epochs, cosine |"]
+    # Table 3's own rows where the paper has both units; the original's where it has one.
+    registry["cifar10"]["resnet110_original"] = entry(0.0712, 0.0655, model="resnet110_original")
+    assert zoo.unit_comparison_table(registry).splitlines()[3] == (
+        "| resnet110 | 7.12 | 7.00 | +0.12 | 6.55 / 6.00 | 6.61 (Table 3) / 6.37 (Table 3) | 30 epochs, cosine |")
+    assert [zoo.paper_error(name) for name in ("resnet56", "resnet56_original", "resnet110_original", "resnet32")] == [
+        "6.97 (He 2015, original)", "6.97 (He 2015)", "6.61 (Table 3)", ""]
 
 
 @pytest.fixture

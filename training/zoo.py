@@ -22,21 +22,41 @@ import keras_preact
 from keras_preact import checksums, pretrained
 from . import evaluate, files, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
-# Published CIFAR-10 test errors (%) of each zoo network, for the zoo's table: He et al. 2015
-# ("Deep Residual Learning for Image Recognition", the paper's [1]), Table 6 (original units,
-# 64k iterations, the network's own row); this paper, Table 3 (pre-activation ResNet-110 and
-# ResNet-164, median of 5); and two public reimplementations' best test epoch of 200 epochs
-# (slightly optimistic): akamaster/pytorch_resnet_cifar10 (original units) and
-# chenyaofo/pytorch-cifar-models (cosine, weight decay 5e-4). The pre-activation ResNet-20 and
-# -56 have no published row of their own: the original networks' are their targets.
+# Published CIFAR-10 test errors (%) of each depth of the zoo, for its tables: the paper's, by
+# unit, as (error, source): He et al. 2015 ("Deep Residual Learning for Image Recognition",
+# the paper's [1]), Table 6 (original units, 64k iterations), and this paper's Table 3
+# (ResNet-110 and ResNet-164 with either unit, median of 5); and two public reimplementations'
+# best test epoch of 200 epochs (slightly optimistic), akamaster/pytorch_resnet_cifar10
+# (original units) and chenyaofo/pytorch-cifar-models (cosine, weight decay 5e-4). The
+# pre-activation ResNet-20 and -56 have no published row: the original networks' are their targets.
 REFERENCES = {
-    "resnet20": dict(paper="8.75 (He 2015, original)", akamaster=8.27, chenyaofo=7.40),
-    "resnet20_original": dict(paper="8.75 (He 2015)", akamaster=8.27, chenyaofo=7.40),
-    "resnet56": dict(paper="6.97 (He 2015, original)", akamaster=6.61, chenyaofo=5.63),
-    "resnet56_original": dict(paper="6.97 (He 2015)", akamaster=6.61, chenyaofo=5.63),
-    "resnet110": dict(paper="6.37 (Table 3)", akamaster=6.32, chenyaofo=None),
-    "resnet164": dict(paper="5.46 (Table 3)", akamaster=None, chenyaofo=None),
+    "resnet20": dict(original=(8.75, "He 2015"), akamaster=8.27, chenyaofo=7.40),
+    "resnet56": dict(original=(6.97, "He 2015"), akamaster=6.61, chenyaofo=5.63),
+    "resnet110": dict(original=(6.61, "Table 3"), preactivation=(6.37, "Table 3"), akamaster=6.32),
+    "resnet164": dict(original=(5.93, "Table 3"), preactivation=(5.46, "Table 3")),
 }
+UNIT_NAMES = {"original": "original", "preactivation": "pre-activation"}
+
+
+def depth_and_unit(name):
+    """"resnet56_original" -> ("resnet56", "original"); "resnet56" -> ("resnet56", "preactivation")."""
+    if name.endswith("_original"):
+        return name[:-len("_original")], "original"
+    return name, "preactivation"
+
+
+def paper_error(name, own_unit_only=False):
+    """The paper's error of the zoo network `name` as the tables print it: "6.37 (Table 3)" for
+    its own unit's row, else the other unit's, "8.75 (He 2015, original)" (or "none" with
+    `own_unit_only`); "" for a depth the paper does not report."""
+    depth, unit = depth_and_unit(name)
+    published = REFERENCES.get(depth, {})
+    if unit in published:
+        return f"{published[unit][0]:.2f} ({published[unit][1]})"
+    other = "original" if unit == "preactivation" else "preactivation"
+    if other in published:
+        return "none" if own_unit_only else f"{published[other][0]:.2f} ({published[other][1]}, {UNIT_NAMES[other]})"
+    return ""
 
 
 def markdown_table(registry=None):
@@ -44,33 +64,23 @@ def markdown_table(registry=None):
     published ones, its training hours and recipe, its file."""
     entries = (registry or pretrained.registry()).get("cifar10", {})
     lines = ["| network | unit | parameters | test error % | with flip % | paper % | akamaster % | chenyaofo % | hours "
-             "| hours alone (images/s) | recipe | file | sha256 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| hours alone (images/s) | recipe | file | sha256 |", "|---" * 13 + "|"]
     for name, entry in sorted(entries.items(), key=lambda item: (item[1]["parameters"], item[0])):
-        references = REFERENCES.get(name, {})
+        references = REFERENCES.get(depth_and_unit(name)[0], {})
         config = entry["config"]
         command = f"`{user_command(entry['command'], data_dir=False)}`" if entry.get("command") else ""
         flip = f"{100 * entry['flip_test_error']:.2f}" if entry.get("flip_test_error") is not None else ""
         alone = (f"{entry['hours_alone']:.2f} ({entry['images_per_second_alone']:g})"
                  if entry.get("hours_alone") is not None else "")
         lines.append(
-            f"| {name} | {'original' if name.endswith('_original') else 'pre-activation'} | "
-            f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {flip} | "
-            f"{references.get('paper', '')} | "
+            f"| {name} | {UNIT_NAMES[depth_and_unit(name)[1]]} | "
+            f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {flip} | {paper_error(name)} | "
             f"{references.get('akamaster') or ''} | {references.get('chenyaofo') or ''} | "
             f"{entry['training_hours']:.1f} | {alone} | {command} ({config['duration']:g} {config['schedule_unit']}, "
             f"{config.get('schedule', 'step')}) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |")
     return "\n".join(lines)
 
 
-# The paper's CIFAR-10 test errors (%) of a network with original and with pre-activation
-# units at one depth: Table 3 (ResNet-110, ResNet-164, ResNet-1001); He et al. 2015 Table 6
-# for the original ResNet-20 and ResNet-56, which have no pre-activation row in either paper.
-PAPER_UNIT_COMPARISON = {
-    "resnet20": ("8.75 (He 2015)", "none"),
-    "resnet56": ("6.97 (He 2015)", "none"),
-    "resnet110": ("6.61", "6.37 (Table 3)"),
-    "resnet164": ("5.93", "5.46 (Table 3)"),
-}
 # Config fields that say how a run was logged, where its files were, or which kernels and
 # layout computed the same network (to float rounding, `training.configs.Config`), not what it trained.
 NOT_RECIPE = ("model", "unit", "data_dir", "checkpoint_every", "evaluate_every", "log_every", "scan_units",
@@ -96,14 +106,13 @@ def unit_comparison_table(registry=None):
              if f"{name}_original" in entries and same_recipe(entries[name], entries[f"{name}_original"])]
     for name, preactivation, original in sorted(pairs, key=lambda pair: pair[1]["parameters"]):
         config = preactivation["config"]
-        paper = PAPER_UNIT_COMPARISON.get(name, ("", ""))
         flips = (f"{100 * original['flip_test_error']:.2f} / {100 * preactivation['flip_test_error']:.2f}"
                  if original.get("flip_test_error") is not None and preactivation.get("flip_test_error") is not None
                  else "")
         gain = 100 * (original["test_error"] - preactivation["test_error"])
         lines.append(
             f"| {name} | {100 * original['test_error']:.2f} | {100 * preactivation['test_error']:.2f} | {gain:+.2f} | "
-            f"{flips} | {paper[0]} / {paper[1]} | "
+            f"{flips} | {paper_error(f'{name}_original', True)} / {paper_error(name, True)} | "
             f"{config['duration']:g} {config['schedule_unit']}, {config.get('schedule', 'step')} |")
     return "\n".join(lines)
 

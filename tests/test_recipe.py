@@ -241,3 +241,22 @@ def test_override_parses_types():
                                                   "train_examples=100", "learning_rate=0.2"])
     assert (config.model, config.nesterov, config.decay_boundaries, config.train_examples, config.learning_rate) == (
         "resnet164", True, (10, 20), 100, 0.2)
+
+
+@pytest.mark.parametrize("command", ["train", "tune", "ablate", "export"])
+def test_commands_of_tensorflow_stop_at_once_on_another_backend(monkeypatch, capsys, command):
+    """Under KERAS_BACKEND=jax or torch (this test's own backend there; made to look so on
+    TensorFlow) the training and export commands exit 2 naming the backend and what to do."""
+    from keras_preact_training import cli
+
+    if keras.backend.backend() == "tensorflow":
+        monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    arguments = {"train": ["--config", "digits_demo"], "tune": ["--config", "digits_demo"],
+                 "ablate": ["--table", "1"], "export": ["--model", "resnet20", "--weights", "cifar10"]}[command]
+    assert cli.main([command, *arguments]) == 2
+    assert capsys.readouterr().err == (
+        f"error: keras-preact {command} runs on Keras' TensorFlow backend (tf.distribute, SavedModels). Received: "
+        f"KERAS_BACKEND={keras.backend.backend()}. Unset KERAS_BACKEND (on a GPU: pip install 'keras-preact[gpu]', "
+        f"TensorFlow's CUDA build), or train with the recipe on any backend through model.fit (docs/training.md, "
+        f"'The recipe on any backend'); evaluate and the model functions run on every backend.\n")
+

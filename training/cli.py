@@ -26,6 +26,10 @@ import statistics
 import sys
 import tempfile
 
+# Commands whose computation is TensorFlow's (tf.GradientTape and tf.distribute in training,
+# SavedModels in export): under another Keras backend they stop at once with a message that
+# says what runs there instead.
+TENSORFLOW_BACKEND = ("train", "tune", "ablate", "export")
 # Commands that never import TensorFlow (they answer at once), or import it only where they
 # need it (serve: the onnxruntime runtime never does).
 WITHOUT_TENSORFLOW = ("configs", "compare", "query", "serve")
@@ -281,6 +285,8 @@ def main(argv=None):
     if arguments.command not in WITHOUT_TENSORFLOW:
         import_tensorflow(arguments.verbose)
     try:
+        if arguments.command in TENSORFLOW_BACKEND:
+            check_tensorflow_backend(arguments.command)
         if arguments.command == "configs":
             from . import configs
 
@@ -320,6 +326,19 @@ def main(argv=None):
             raise
         print(f"error: {error}", file=sys.stderr)
         return code
+
+
+def check_tensorflow_backend(command):
+    """Raises ValueError where Keras runs on another backend than TensorFlow."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            f"keras-preact {command} runs on Keras' TensorFlow backend (tf.distribute, SavedModels). Received: "
+            f"KERAS_BACKEND={keras.backend.backend()}. Unset KERAS_BACKEND (on a GPU: pip install "
+            f"'keras-preact[gpu]', TensorFlow's CUDA build), or train with the recipe on any backend through "
+            f"model.fit (docs/training.md, 'The recipe on any backend'); evaluate and the model functions run on "
+            f"every backend.")
 
 
 def import_tensorflow(verbose):

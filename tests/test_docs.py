@@ -116,6 +116,22 @@ def test_the_zoo_tables_are_the_registrys(tmp_path):
     assert zoo.unit_comparison_table() in read(README), "the README's units table is not `keras-preact zoo --units`'s"
 
 
+def test_landing_a_zoo_run_replaces_each_table_and_nothing_else():
+    """scripts/land_zoo_run.py rewrites a document's table from its header line to the blank line."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("land_zoo_run", os.path.join(ROOT, "scripts", "land_zoo_run.py"))
+    land_zoo_run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(land_zoo_run)
+    text = "Intro.\n\n| network | error |\n|---|---|\n| resnet20 | 14.87 |\n\nAfter.\n\n| other |\n|---|\n"
+    table = "| network | error |\n|---|---|\n| resnet20 | 11.50 |\n| resnet56 | 9.00 |"
+    assert land_zoo_run.replace_table(text, table) == (
+        "Intro.\n\n| network | error |\n|---|---|\n| resnet20 | 11.50 |\n| resnet56 | 9.00 |\n\nAfter.\n\n"
+        "| other |\n|---|\n")
+    with pytest.raises(ValueError, match=re.escape("no table with the header '| network | parameters |' to replace")):
+        land_zoo_run.replace_table(text, "| network | parameters |\n|---|---|")
+
+
 def mkdocs_build(folder, site):
     """`mkdocs build --strict` of the project in `folder` (the Material theme's notice off)."""
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=folder,

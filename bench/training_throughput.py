@@ -8,8 +8,9 @@
 Prints the machine, then images per second of (a) the input pipeline alone (JPEG
 decoding, shuffling, batching, as training reads it) and (b) training each model with
 `--config`'s recipe (the paper's by default; its optimizer, precision and augmentation,
-run for a few steps) at batch 128 (`keras-preact`'s loop; the median over windows
-of `--window` steps after the first, which includes tracing).
+run for a few steps) at batch 128 (`keras-preact`'s loop, on Keras' backend:
+`KERAS_BACKEND=jax` times the JAX loop; the median over windows of `--window` steps
+after the first, which includes tracing).
 """
 
 import argparse
@@ -20,6 +21,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from harness import processor  # noqa: E402  bench/, the script's folder
 
@@ -27,7 +29,8 @@ from keras_preact_training import configs, data, loop  # noqa: E402
 
 
 def machine():
-    return f"{processor()}, {os.cpu_count()} cores, TensorFlow {tf.__version__}, Python {platform.python_version()}"
+    return (f"{processor()}, {os.cpu_count()} cores, Keras {keras.__version__} on {keras.backend.backend()}, "
+            f"TensorFlow {tf.__version__}, Python {platform.python_version()}")
 
 
 def pipeline_images_per_second(config, batches):
@@ -58,6 +61,7 @@ def main():
         f"log_every={arguments.window}", "evaluate_every=100000", "checkpoint_every=100000", "warmup=0",
         f"duration={arguments.window * (arguments.windows + 1)}",
     )
+    loop.configure(config)  # the recipe's precision, as `keras-preact train` sets it
     print(f"machine: {machine()}")
     print(f"recipe: {arguments.config} ({config.precision}, nesterov={config.nesterov})")
     print(f"input pipeline, batch {arguments.batch_size}: {pipeline_images_per_second(config, 40):.0f} images/s")

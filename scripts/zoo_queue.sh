@@ -33,7 +33,7 @@ QUEUE=(
   # The zoo (issue 26 item 3): the chosen recipe, all 50,000 training JPEGs, tested on the
   # 10,000 test JPEGs; each lands (scripts/land_zoo_run.py) as soon as it finishes. Rates
   # measured alone (bench/training_throughput.py --config cifar10_zoo, 2026-11-24): ResNet-20
-  # 597-690 images/s (1.2-1.4 hours), ResNet-56 208 (4.0 hours), ResNet-110 109 (7.6 hours).
+  # 719 images/s (1.2 hours), ResNet-56 268 (3.1 hours), ResNet-110 141 (5.9 hours).
   "zoo-resnet20|--config cifar10_zoo --model resnet20"
   "zoo-resnet20-original|--config cifar10_zoo --model resnet20_original"
   "zoo-resnet56|--config cifar10_zoo --model resnet56"

@@ -4,6 +4,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,8 +29,8 @@ SHORT = ["--set", "duration=2", "--set", "checkpoint_every=5", "--set", "evaluat
          "--set", "deterministic=true"]
 
 
-def run_training(*arguments, env=None, timeout=600):
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", **(env or {}))
+def run_training(*arguments, env=None, timeout=600, backend="tensorflow"):
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend, **(env or {}))
     return subprocess.run([KERAS_PREACT, "train", *arguments], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -206,8 +207,11 @@ def test_cifar10_end_to_end(cifar_folder, tmp_path):
     assert rows[0] == ",".join(loop.CSV_FIELDS) and len(rows) == 1 + 6
 
 
-def test_killed_run_resumes_to_the_same_weights(tmp_path):
-    uninterrupted = run_training("--run-dir", str(tmp_path / "whole"), *SHORT)
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_killed_run_resumes_to_the_same_weights(tmp_path, backend):
+    """Under either backend's loop (`loop.TensorFlowSteps`, `loop.JaxSteps`): every variable,
+    the augmentation's random state too, comes back from the checkpoint."""
+    uninterrupted = run_training("--run-dir", str(tmp_path / "whole"), *SHORT, backend=backend)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     # The log gives each step's own rate: one epoch (22 steps) of warm-up at 0.005, then 0.05.
     rates = {int(row.split(",")[0]): float(row.split(",")[4])
@@ -215,7 +219,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     assert (rates[22], rates[23]) == (pytest.approx(0.005), pytest.approx(0.05))
 
     resumed_dir = tmp_path / "killed"
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend)
     process = subprocess.Popen([KERAS_PREACT, "train", "--run-dir", str(resumed_dir), *SHORT],
                                cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     checkpoints = resumed_dir / "checkpoints"
@@ -235,13 +239,39 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     newest.write_bytes(newest.read_bytes()[:100])
     (checkpoints / "checkpoint").write_text("model_checkpoint_path: \"ckpt-\x00garbage\n")
 
-    resumed = run_training("--run-dir", str(resumed_dir), *SHORT)
+    resumed = run_training("--run-dir", str(resumed_dir), *SHORT, backend=backend)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Checkpoint {checkpoints / f'ckpt-{steps[-1]}'} cannot be restored" in resumed.stdout
     assert f"Resuming from {checkpoints / f'ckpt-{steps[-2]}'} at step {steps[-2]} of 44." in resumed.stdout
     for whole, again in zip(final_weights(tmp_path / "whole"), final_weights(resumed_dir)):
         np.testing.assert_array_equal(whole, again)
     assert digest(resumed.stdout) == digest(uninterrupted.stdout)
+
+
+def test_a_run_resumes_under_the_other_backend_and_trains_alike(tmp_path):
+    """One checkpoint format for both loops: a TensorFlow run's checkpoint resumes under JAX and
+    under TensorFlow, and without augmentation (no random draws, which differ by backend) the two
+    take the same steps: the same losses to float32 rounding for the first steps, which the
+    training's chaos then amplifies (at step 10 of the 22, 1e-3 apart; at the end the test errors
+    of these half-trained networks are some points apart)."""
+    steady = [*SHORT, "--set", "crop_padding=0", "--set", "checkpoint_every=22"]
+    first = run_training("--run-dir", str(tmp_path / "tensorflow"), *steady, "--set", "duration=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.copytree(tmp_path / "tensorflow", tmp_path / "jax")
+    losses = {}
+    for backend in ("tensorflow", "jax"):
+        resumed = run_training("--run-dir", str(tmp_path / backend), *steady, "--set", "duration=2",
+                               "--allow-config-changes", backend=backend)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"Resuming from {tmp_path / backend / 'checkpoints' / 'ckpt-22'} at step 22 of 44." in resumed.stdout
+        with open(tmp_path / backend / "log.csv") as file:
+            rows = list(csv.DictReader(file))
+        losses[backend] = [float(row["loss"]) for row in rows if int(row["step"]) > 22]
+    assert len(losses["jax"]) == 22
+    np.testing.assert_allclose(losses["jax"][:8], losses["tensorflow"][:8], rtol=2e-5)
+    # Both go on learning: the last steps' losses less than half the first's (both about a fifth).
+    for backend in losses:
+        assert np.mean(losses[backend][-5:]) < 0.5 * np.mean(losses[backend][:5])
 
 
 def test_a_run_whose_checkpoints_are_all_unreadable_stops_and_names_them(tmp_path):
@@ -316,8 +346,10 @@ def test_image_folder_errors_name_the_folder_or_file(tmp_path, change, message):
     assert message.format(root=root) in str(error.value)
 
 
-def test_nan_loss_stops_cleanly(tmp_path):
-    result = run_training("--run-dir", str(tmp_path / "nan"), *SHORT, "--set", "learning_rate=1e12", "--set", "warmup=0")
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_nan_loss_stops_cleanly(tmp_path, backend):
+    result = run_training("--run-dir", str(tmp_path / "nan"), *SHORT, "--set", "learning_rate=1e12", "--set", "warmup=0",
+                          backend=backend)
     assert result.returncode == 3
     assert "error: Training stopped at step" in result.stderr and "the loss is nan" in result.stderr
     assert "Traceback" not in result.stderr
@@ -340,6 +372,14 @@ def test_bad_input_exits_with_a_clear_message(tmp_path, arguments, message):
     result = run_training("--run-dir", str(tmp_path / "run"), *arguments)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_training_under_jax_refuses_a_strategy_of_several_devices(tmp_path):
+    result = run_training("--run-dir", str(tmp_path / "run"), "--strategy", "mirrored", backend="jax")
+    assert result.returncode == 2
+    assert ("error: Under KERAS_BACKEND=jax, keras-preact train runs on one device (strategy 'default' or "
+            "'one_device'). Received: strategy='mirrored'.") in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 
 def free_ports(count):
@@ -382,14 +422,20 @@ def test_multi_worker_equals_mirrored_on_two_devices(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "options",
-    [["--set", "precision=mixed_bfloat16"], ["--set", "precision=mixed_float16"], ["--set", "xla=true"],
-     ["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "synchronized_batch_norm=true"],
-     ["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "scan_units=true", "--set", "rematerialize=true"]],
-    ids=["mixed_bfloat16", "mixed_float16", "xla", "synchronized_batch_norm", "mirrored_loops_rematerialized"],
+    "options, backend",
+    [(["--set", "precision=mixed_bfloat16"], "tensorflow"), (["--set", "precision=mixed_float16"], "tensorflow"),
+     (["--set", "xla=true"], "tensorflow"),
+     (["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "synchronized_batch_norm=true"], "tensorflow"),
+     (["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "scan_units=true", "--set", "rematerialize=true"],
+      "tensorflow"),
+     (["--set", "precision=mixed_bfloat16", "--set", "label_smoothing=0.1"], "jax"),
+     (["--set", "precision=mixed_float16"], "jax"),
+     (["--set", "scan_units=true", "--set", "rematerialize=true", "--set", "nesterov=true"], "jax")],
+    ids=["mixed_bfloat16", "mixed_float16", "xla", "synchronized_batch_norm", "mirrored_loops_rematerialized",
+         "jax-mixed_bfloat16-smoothing", "jax-mixed_float16", "jax-loops_rematerialized-nesterov"],
 )
-def test_training_options(tmp_path, options):
-    result = run_training("--run-dir", str(tmp_path / "run"), *SHORT, "--set", "duration=1", *options)
+def test_training_options(tmp_path, options, backend):
+    result = run_training("--run-dir", str(tmp_path / "run"), *SHORT, "--set", "duration=1", *options, backend=backend)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["test_error"] < 0.9
 
@@ -459,13 +505,15 @@ def test_a_run_resumes_from_a_checkpoint_of_the_other_batch_norm_path(tmp_path):
     assert switched[23] == pytest.approx(reference[23], rel=1e-4)
 
 
-def test_a_run_with_a_weights_average_evaluates_and_saves_the_average(tmp_path):
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_a_run_with_a_weights_average_evaluates_and_saves_the_average(tmp_path, backend):
     """`average_momentum`: the steps are the plain run's (same deterministic losses), the
     checkpoints keep the trained weights and the average (so a resumed run goes on with
     both), and the network evaluated and saved is the average: its test error is the
     saved model's on the test digits, and its weights differ from the plain run's."""
-    plain = run_training("--run-dir", str(tmp_path / "plain"), *SHORT)
-    averaged = run_training("--run-dir", str(tmp_path / "averaged"), *SHORT, "--set", "average_momentum=0.9")
+    plain = run_training("--run-dir", str(tmp_path / "plain"), *SHORT, backend=backend)
+    averaged = run_training("--run-dir", str(tmp_path / "averaged"), *SHORT, "--set", "average_momentum=0.9",
+                            backend=backend)
     assert plain.returncode == 0 and averaged.returncode == 0, averaged.stderr[-3000:]
     assert logged_losses(tmp_path / "averaged") == logged_losses(tmp_path / "plain")
     assert digest(averaged.stdout) != digest(plain.stdout)

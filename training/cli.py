@@ -26,10 +26,11 @@ import statistics
 import sys
 import tempfile
 
-# Commands whose computation is TensorFlow's (tf.GradientTape and tf.distribute in training,
-# SavedModels in export): under another Keras backend they stop at once with a message that
-# says what runs there instead.
-TENSORFLOW_BACKEND = ("train", "tune", "ablate", "export")
+# The Keras backends each command's computation runs on; under another one it stops at once
+# with a message that says what runs there instead. Training is TensorFlow's (tf.distribute)
+# or JAX's (one device); tuning, ablations and SavedModels are TensorFlow's alone.
+BACKENDS = {"train": ("tensorflow", "jax"), "tune": ("tensorflow",), "ablate": ("tensorflow",),
+            "export": ("tensorflow",)}
 # Commands that never import TensorFlow (they answer at once), or import it only where they
 # need it (serve: the onnxruntime runtime never does).
 WITHOUT_TENSORFLOW = ("configs", "compare", "query", "serve")
@@ -62,7 +63,8 @@ def parser():
     train.add_argument("--model", help="shortcut for --set model=NAME")
     train.add_argument("--data-dir", help="tensorflow-datasets data directory, or the root of an image folder")
     train.add_argument("--strategy", choices=["default", "one_device", "mirrored", "multi_worker", "tpu"],
-                       help="tf.distribute strategy; multi_worker reads the cluster from TF_CONFIG")
+                       help="tf.distribute strategy; multi_worker reads the cluster from TF_CONFIG "
+                       "(under KERAS_BACKEND=jax: default or one_device, one device)")
     train.add_argument("--run-dir", help="where checkpoints, logs, plots and the model go "
                        "(default: runs/<config>-<model>)")
     train.add_argument("--allow-config-changes", action="store_true",
@@ -285,8 +287,8 @@ def main(argv=None):
     if arguments.command not in WITHOUT_TENSORFLOW:
         import_tensorflow(arguments.verbose)
     try:
-        if arguments.command in TENSORFLOW_BACKEND:
-            check_tensorflow_backend(arguments.command)
+        if arguments.command in BACKENDS:
+            check_backend(arguments.command)
         if arguments.command == "configs":
             from . import configs
 
@@ -328,17 +330,24 @@ def main(argv=None):
         return code
 
 
-def check_tensorflow_backend(command):
-    """Raises ValueError where Keras runs on another backend than TensorFlow."""
+def check_backend(command):
+    """Raises ValueError where Keras runs on a backend that `command` does not run on (`BACKENDS`)."""
     import keras
 
-    if keras.backend.backend() != "tensorflow":
+    if keras.backend.backend() in BACKENDS[command]:
+        return
+    if command == "train":
         raise ValueError(
-            f"keras-preact {command} runs on Keras' TensorFlow backend (tf.distribute, SavedModels). Received: "
-            f"KERAS_BACKEND={keras.backend.backend()}. Unset KERAS_BACKEND (on a GPU: pip install "
-            f"'keras-preact[gpu]', TensorFlow's CUDA build), or train with the recipe on any backend through "
-            f"model.fit (docs/training.md, 'The recipe on any backend'); evaluate and the model functions run on "
-            f"every backend.")
+            f"keras-preact train runs on Keras' TensorFlow backend (tf.distribute) or on JAX (one device). "
+            f"Received: KERAS_BACKEND={keras.backend.backend()}. Set KERAS_BACKEND=tensorflow or jax (on a GPU: "
+            f"TensorFlow's CUDA build, pip install 'keras-preact[gpu]', or JAX's, pip install 'jax[cuda12]'), or "
+            f"train with the recipe through model.fit (docs/training.md, 'The recipe on any backend'); evaluate and "
+            f"the model functions run on every backend.")
+    raise ValueError(
+        f"keras-preact {command} runs on Keras' TensorFlow backend (tf.distribute, SavedModels). Received: "
+        f"KERAS_BACKEND={keras.backend.backend()}. Unset KERAS_BACKEND (on a GPU: pip install "
+        f"'keras-preact[gpu]', TensorFlow's CUDA build); train runs on JAX too, and evaluate and the model "
+        f"functions on every backend.")
 
 
 def import_tensorflow(verbose):

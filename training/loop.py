@@ -1,8 +1,10 @@
-"""The training loop: one `strategy.run` step for every `tf.distribute` strategy.
+"""The training loop of `keras-preact train`, on Keras' TensorFlow or JAX backend.
 
 Keras 3's `model.fit` fails under `MultiWorkerMirroredStrategy` (keras-team/keras#20585);
 a step of our own, `strategy.run` over the recipe's model, optimizer and loss, runs the
-same on one device, several local devices and several machines.
+same on one device, several local devices and several machines (`TensorFlowSteps`).
+Under JAX the same step is one jitted function on one device (`JaxSteps`). Everything
+else (data, evaluation, logs, checkpoints, resuming) is one loop, `train`.
 """
 
 import csv
@@ -66,6 +68,8 @@ def configure(config):
         # devices, processes and cores (a multi-worker run then equals the one-process run).
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    if keras.backend.backend() == "jax":
+        tf.config.set_visible_devices([], "GPU")  # TensorFlow only reads the images: the GPU is JAX's
     keras.config.set_dtype_policy(config.precision)
 
 
@@ -139,6 +143,10 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     """Trains `config` in `run_dir`, resuming from its last checkpoint; returns the summary
     (`command`, the command line that runs it, is recorded there).
 
+    Under Keras' TensorFlow backend the steps run under the `tf.distribute` strategy of
+    `config.strategy` (`TensorFlowSteps`); under JAX, on one device (`JaxSteps`). Both write
+    the same checkpoints, so a run started under one backend resumes under the other.
+
     A run records its config in `run_dir/config.json` when it starts; a resumed run whose
     config differs from it in a field outside `RESUMABLE_CHANGES` is refused, unless
     `allow_config_changes` (the new config is then recorded).
@@ -146,58 +154,27 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     Raises:
         TrainingDiverged: if the loss becomes NaN or infinite (no checkpoint is written).
         ValueError: if the batch size does not divide over the replicas, if `run_dir`
-            cannot be made, or if the run resumed was started with other settings.
+            cannot be made, if the run resumed was started with other settings, or if the
+            backend cannot run `config.strategy`.
     """
-    strategy = make_strategy(config)
-    replicas = strategy.num_replicas_in_sync
-    if config.batch_size % replicas:
-        raise ValueError(
-            f"batch_size must be divisible by the number of replicas ({replicas}). Received: batch_size={config.batch_size}"
-        )
-    chief = is_chief(strategy)
-    if chief:
+    steps = JaxSteps(config) if keras.backend.backend() == "jax" else TensorFlowSteps(config)
+    if steps.chief:
         files.make_directory(run_dir, "run folder")
         check_resumed_config(config, run_dir, allow_config_changes, verbose)
     dataset = data.load(config)
     steps_per_epoch = configs.steps_per_epoch(dataset.train.size, config.batch_size)
     total_steps = config.total_steps(steps_per_epoch)
     keras.utils.set_random_seed(config.seed)
+    model, optimizer = steps.build(dataset, steps_per_epoch)
+    learning_rates = recipe.schedule(config, steps_per_epoch)
 
-    with strategy.scope():
-        model = recipe.training_model(config, dataset.image_shape, len(dataset.class_names), seed=config.seed)
-        if config.synchronized_batch_norm:
-            synchronize_batch_norm(model)
-        optimizer = recipe.optimizer(config, steps_per_epoch, model)
-        optimizer.build(model.trainable_variables)
-        checkpoint = training_state(model, optimizer)
     # Every worker saves (saving is collective); only the chief's copy is kept.
-    checkpoint_dir = os.path.join(run_dir, "checkpoints") if chief else tempfile.mkdtemp()
-    manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir, max_to_keep=3)
-    restored = restore_newest_intact(checkpoint, checkpoint_dir, verbose=chief and verbose)
-    first_step = int(optimizer.iterations.numpy())
-
+    checkpoint_dir = os.path.join(run_dir, "checkpoints") if steps.chief else tempfile.mkdtemp()
+    manager = tf.train.CheckpointManager(steps.checkpoint, checkpoint_dir, max_to_keep=3)
+    restored = restore_newest_intact(steps.checkpoint, checkpoint_dir, verbose=steps.chief and verbose)
+    steps.restored()
+    first_step = int(keras.ops.convert_to_numpy(optimizer.iterations))
     per_example_loss = recipe.loss(reduction=None)
-    replica_step = replica_step_function(model, optimizer, config.batch_size,
-                                         recipe.loss(config.label_smoothing, reduction=None), config.xla)
-
-    @tf.function
-    def train_step(iterator):
-        loss, correct = strategy.run(replica_step, args=next(iterator))
-        return strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", correct, axis=None)
-
-    moving_statistics = stacked.moving_statistics(model)
-
-    @tf.function
-    def average_moving_statistics():
-        """Per-replica BatchNorm keeps per-replica moving averages: average them, so that
-        every replica and worker evaluates and saves the same network."""
-        local_values = strategy.run(lambda: [tf.identity(variable) for variable in moving_statistics])
-        for variable, values in zip(moving_statistics, local_values):
-            variable.assign(strategy.reduce("MEAN", values, axis=None))
-
-    @tf.function
-    def predict(images):
-        return model(images, training=False)
 
     # A run with a validation split never reads the test set.
     evaluated_on = "test" if dataset.validation is None else "validation"
@@ -206,13 +183,15 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     def evaluate():
         """(loss, error) of the evaluated network: the weights' average in place of the trained
         weights where the config keeps one (`use_average`; the trained state is put back)."""
+        steps.synchronize()
         trained = use_average() if config.average_momentum else []
         losses, correct, count = 0.0, 0, 0
         for images, labels in data.evaluation_batches(evaluation_split, EVALUATION_BATCH):
-            logits = predict(images)
-            losses += float(tf.reduce_sum(per_example_loss(labels, tf.cast(logits, tf.float32))))
-            correct += int(tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.int32)))
-            count += int(labels.shape[0])
+            logits = keras.ops.cast(steps.predict(images), "float32")
+            labels = np.asarray(labels)
+            losses += float(keras.ops.sum(per_example_loss(labels, logits)))
+            correct += int(np.sum(np.argmax(keras.ops.convert_to_numpy(logits), -1) == labels))
+            count += len(labels)
         for variable, value in zip(model.variables, trained):
             variable.assign(value)
         return losses / count, 1.0 - correct / count
@@ -220,29 +199,25 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     def use_average():
         """Puts the weights' average in the network with BatchNorm statistics of its own
         (`average_statistics`); returns the values of every variable before, to put back."""
-        trained = [variable.numpy() for variable in model.variables]
+        trained = [np.array(variable) for variable in model.variables]
         optimizer.finalize_variable_values(model.trainable_variables)
         average_statistics(model, dataset.train)
         return trained
 
-    log = TrainingLog(run_dir, first_step, chief)
-    if first_step and chief and verbose:
+    log = TrainingLog(run_dir, first_step, steps.chief)
+    if first_step and steps.chief and verbose:
         print(f"Resuming from {restored} at step {first_step} of {total_steps}.")
-    distributed = strategy.distribute_datasets_from_function(
-        lambda context: data.training_batches(dataset.train, config, steps_per_epoch, first_step, total_steps, context)
-    )
-    iterator = iter(distributed)
+    steps.start(dataset.train, steps_per_epoch, first_step, total_steps)
     progress = keras.utils.Progbar(total_steps, stateful_metrics=["loss", "accuracy", "lr", f"{evaluated_on}_error"],
-                                   verbose=1 if chief and verbose else 0)
+                                   verbose=1 if steps.chief and verbose else 0)
     progress.update(first_step)
     # Training time counts the steps only (until their loss is back), not evaluations or checkpoints.
     window_loss, window_correct, window_seconds, window_steps = 0.0, 0.0, 0.0, 0
     training_seconds, error = 0.0, None
     for step in range(first_step + 1, total_steps + 1):
-        learning_rate = float(optimizer.learning_rate)  # the rate of this step, before it counts
+        learning_rate = float(learning_rates(step - 1))  # the rate of this step: the schedule counts from 0
         started = time.perf_counter()
-        loss, correct = train_step(iterator)
-        loss = float(loss)
+        loss, correct = steps.step()
         window_seconds += time.perf_counter() - started
         if not math.isfinite(loss):
             raise TrainingDiverged(
@@ -250,8 +225,8 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
                 f"({manager.latest_checkpoint or 'none'}) is kept; lower the learning rate "
                 f"(--set learning_rate=...) or check the data, then run the same command again."
             )
-        window_loss, window_correct, window_steps = window_loss + loss, window_correct + float(correct), window_steps + 1
-        values = [("loss", loss), ("accuracy", float(correct) / config.batch_size), ("lr", learning_rate)]
+        window_loss, window_correct, window_steps = window_loss + loss, window_correct + correct, window_steps + 1
+        values = [("loss", loss), ("accuracy", correct / config.batch_size), ("lr", learning_rate)]
         if step % config.log_every == 0 or step == total_steps:
             training_seconds += window_seconds
             row = dict(step=step, epoch=round(step / steps_per_epoch, 3), loss=window_loss / window_steps,
@@ -259,23 +234,22 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
                        images_per_second=window_steps * config.batch_size / window_seconds,
                        hours=round(log.earlier_hours + training_seconds / 3600, 5))
             if step % config.evaluate_every == 0 or step == total_steps:
-                if replicas > 1:
-                    average_moving_statistics()
                 row[f"{evaluated_on}_loss"], error = evaluate()
                 row[f"{evaluated_on}_error"] = error
                 values.append((f"{evaluated_on}_error", error))
             log.write(row)
             window_loss, window_correct, window_seconds, window_steps = 0.0, 0.0, 0.0, 0
         if step % config.checkpoint_every == 0 or step == total_steps:
-            if replicas > 1:
-                average_moving_statistics()
+            steps.synchronize()
+            steps.saving()
             manager.save(checkpoint_number=step)
         progress.update(step, values)
 
-    if not chief:
+    if not steps.chief:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     if error is None:
         _, error = evaluate()
+    steps.synchronize()
     if config.average_momentum:
         use_average()  # the evaluated network is the one saved
     summary = log.finish(config, dataset, model, evaluated_on, error, training_seconds, total_steps, command)
@@ -286,6 +260,186 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
             f"{summary['weights_sha256'][:16]}; run in {run_dir}."
         )
     return summary
+
+
+class TensorFlowSteps:
+    """Training steps under the `tf.distribute` strategy of `config.strategy`: the model and
+    the optimizer built in its scope, one `strategy.run` of `replica_step_function` a step,
+    Keras' variables holding the network throughout.
+
+    Raises:
+        ValueError: if the batch size does not divide over the strategy's replicas.
+    """
+
+    def __init__(self, config):
+        self.config = config
+        self.strategy = make_strategy(config)
+        self.replicas = self.strategy.num_replicas_in_sync
+        if config.batch_size % self.replicas:
+            raise ValueError(f"batch_size must be divisible by the number of replicas ({self.replicas}). "
+                             f"Received: batch_size={config.batch_size}")
+        self.chief = is_chief(self.strategy)
+
+    def build(self, dataset, steps_per_epoch):
+        """The training model and its optimizer; sets `checkpoint`, their variables by name."""
+        config, strategy = self.config, self.strategy
+        with strategy.scope():
+            model = recipe.training_model(config, dataset.image_shape, len(dataset.class_names), seed=config.seed)
+            if config.synchronized_batch_norm:
+                synchronize_batch_norm(model)
+            optimizer = recipe.optimizer(config, steps_per_epoch, model)
+            optimizer.build(model.trainable_variables)
+            self.checkpoint = training_state(model, optimizer)
+        replica_step = replica_step_function(model, optimizer, config.batch_size,
+                                             recipe.loss(config.label_smoothing, reduction=None), config.xla)
+
+        @tf.function
+        def train_step(iterator):
+            loss, correct = strategy.run(replica_step, args=next(iterator))
+            return strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", correct, axis=None)
+
+        moving_statistics = stacked.moving_statistics(model)
+
+        @tf.function
+        def average_moving_statistics():
+            local_values = strategy.run(lambda: [tf.identity(variable) for variable in moving_statistics])
+            for variable, values in zip(moving_statistics, local_values):
+                variable.assign(strategy.reduce("MEAN", values, axis=None))
+
+        self.model, self.train_step, self.average_moving_statistics = model, train_step, average_moving_statistics
+        self.predict = tf.function(lambda images: model(images, training=False))
+        return model, optimizer
+
+    def restored(self):
+        """After the checkpoint is restored (or not): nothing to do, it restores Keras' variables."""
+
+    def start(self, split, steps_per_epoch, first_step, total_steps):
+        """Begins reading the training batches of steps first_step + 1 .. total_steps."""
+        self.iterator = iter(self.strategy.distribute_datasets_from_function(
+            lambda context: data.training_batches(split, self.config, steps_per_epoch, first_step, total_steps, context)
+        ))
+
+    def step(self):
+        """One training step: (loss, correct answers) of its batch."""
+        loss, correct = self.train_step(self.iterator)
+        return float(loss), float(correct)
+
+    def synchronize(self):
+        """Per-replica BatchNorm keeps per-replica moving averages: averages them, so that every
+        replica and worker evaluates and saves the same network."""
+        if self.replicas > 1:
+            self.average_moving_statistics()
+
+    def saving(self):
+        """Before a checkpoint: nothing to do, it saves Keras' variables."""
+
+
+class JaxSteps:
+    """Training steps under JAX on one device: one jitted function of the network's and the
+    optimizer's values (Keras' stateless API: `Model.stateless_call`, `Optimizer.stateless_apply`),
+    the same computation as `replica_step_function`'s with one replica. The values go back into
+    Keras' variables for evaluation and for checkpoints, which `training_state` writes in
+    TensorFlow's format through copies of the variables (`saving`, `restored`).
+
+    Raises:
+        ValueError: if `config.strategy` needs `tf.distribute` (mirrored, multi_worker, tpu).
+    """
+
+    chief = True
+    # Integers are 64-bit in a checkpoint, as TensorFlow keeps them, so that either backend
+    # resumes a run of the other: JAX (without x64) keeps the optimizer's step count as int32
+    # and Keras' seed generators their state as uint32.
+    CHECKPOINT_DTYPES = {"int32": "int64", "uint32": "int64"}
+
+    def __init__(self, config):
+        if config.strategy not in ("default", "one_device"):
+            raise ValueError(
+                "Under KERAS_BACKEND=jax, keras-preact train runs on one device (strategy 'default' or "
+                f"'one_device'). Received: strategy={config.strategy!r}. Train on several devices under "
+                "Keras' TensorFlow backend (tf.distribute), or on one.")
+        self.config = config
+
+    def build(self, dataset, steps_per_epoch):
+        import jax
+        import jax.numpy as jnp
+
+        config = self.config
+        model = recipe.training_model(config, dataset.image_shape, len(dataset.class_names), seed=config.seed)
+        optimizer = recipe.optimizer(config, steps_per_epoch, model)
+        optimizer.build(model.trainable_variables)
+        per_example_loss = recipe.loss(config.label_smoothing, reduction=None)
+
+        def loss_and_updates(trainable, non_trainable, optimizer_values, images, labels):
+            logits, non_trainable, own_losses = model.stateless_call(
+                trainable, non_trainable, images, training=True, return_losses=True)
+            loss = jnp.mean(per_example_loss(labels, logits))
+            total = loss + sum(own_losses) if own_losses else loss
+            with keras.StatelessScope(state_mapping=list(zip(optimizer.variables, optimizer_values))):
+                scaled = optimizer.scale_loss(total)
+            return scaled, (loss, logits, non_trainable)
+
+        gradients = jax.value_and_grad(loss_and_updates, has_aux=True)
+
+        def train_step(state, images, labels):
+            trainable, non_trainable, optimizer_values = state
+            (_, (loss, logits, non_trainable)), grads = gradients(trainable, non_trainable, optimizer_values,
+                                                                  images, labels)
+            trainable, optimizer_values = optimizer.stateless_apply(optimizer_values, grads, trainable)
+            correct = jnp.sum(jnp.argmax(logits, -1) == labels)
+            return loss, correct, (trainable, non_trainable, optimizer_values)
+
+        def predict(trainable, non_trainable, images):
+            return model.stateless_call(trainable, non_trainable, images, training=False)[0]
+
+        self.model, self.optimizer = model, optimizer
+        self.train_step, self.predict_values = jax.jit(train_step), jax.jit(predict)
+        self.variables = model.trainable_variables, model.non_trainable_variables, optimizer.variables
+        keyed = {"model": _by_name(model.variables), "optimizer": _by_name(optimizer.variables)}
+        self.copies = {part: {key: tf.Variable(self._to_checkpoint(value), trainable=False)
+                              for key, value in values.items()} for part, values in keyed.items()}
+        self.originals = {part: dict(zip(self.copies[part], variables))
+                          for part, variables in (("model", model.variables), ("optimizer", optimizer.variables))}
+        self.checkpoint = tf.train.Checkpoint(**self.copies)
+        return model, optimizer
+
+    def _to_checkpoint(self, value):
+        value = np.asarray(value)
+        return value.astype(self.CHECKPOINT_DTYPES.get(value.dtype.name, value.dtype))
+
+    def restored(self):
+        """Puts the restored copies into Keras' variables and takes the state of the steps from them."""
+        for part, copies in self.copies.items():
+            for key, copy in copies.items():
+                original = self.originals[part][key]
+                original.assign(np.asarray(copy.numpy()).astype(original.dtype))
+        self.state = tuple([variable.value for variable in variables] for variables in self.variables)
+
+    def saving(self):
+        """Before a checkpoint: copies Keras' variables (`synchronize`d) into the checkpoint's."""
+        for part, copies in self.copies.items():
+            for key, copy in copies.items():
+                copy.assign(self._to_checkpoint(self.originals[part][key].value))
+
+    def start(self, split, steps_per_epoch, first_step, total_steps):
+        self.batches = data.training_batches(split, self.config, steps_per_epoch, first_step,
+                                             total_steps).as_numpy_iterator()
+
+    def step(self):
+        images, labels = next(self.batches)
+        loss, correct, self.state = self.train_step(self.state, images, labels)
+        return float(loss), float(correct)
+
+    def synchronize(self):
+        """Puts the steps' state into Keras' variables: the network evaluated, averaged or saved."""
+        for variables, values in zip(self.variables, self.state):
+            for variable, value in zip(variables, values):
+                variable.assign(value)
+
+    def predict(self, images):
+        """Logits of the network in Keras' variables (`synchronize`d, or the weights' average)."""
+        trainable, non_trainable = self.variables[:2]
+        return self.predict_values([variable.value for variable in trainable],
+                                   [variable.value for variable in non_trainable], np.asarray(images))
 
 
 def average_statistics(model, split, images=AVERAGE_STATISTICS_IMAGES, batch_size=AVERAGE_STATISTICS_BATCH):

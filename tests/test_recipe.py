@@ -243,11 +243,10 @@ def test_override_parses_types():
         "resnet164", True, (10, 20), 100, 0.2)
 
 
-@pytest.mark.parametrize("command, backend", [("train", "torch"), ("tune", "jax"), ("tune", "torch"),
-                                              ("ablate", "jax"), ("ablate", "torch"), ("export", "jax"),
-                                              ("export", "torch")])
+@pytest.mark.parametrize("command, backend", [("train", "torch"), ("ablate", "torch"), ("tune", "jax"),
+                                              ("tune", "torch"), ("export", "jax"), ("export", "torch")])
 def test_commands_stop_at_once_on_a_backend_they_do_not_run_on(monkeypatch, capsys, command, backend):
-    """train runs on TensorFlow and JAX, tune, ablate and export on TensorFlow alone: under
+    """train and ablate run on TensorFlow and JAX, tune and export on TensorFlow alone: under
     another backend (made to look so here) they exit 2 naming the backend and what to do."""
     from keras_preact_training import cli
 
@@ -255,9 +254,9 @@ def test_commands_stop_at_once_on_a_backend_they_do_not_run_on(monkeypatch, caps
     arguments = {"train": ["--config", "digits_demo"], "tune": ["--config", "digits_demo"],
                  "ablate": ["--table", "1"], "export": ["--model", "resnet20", "--weights", "cifar10"]}[command]
     assert cli.main([command, *arguments]) == 2
-    if command == "train":
+    if command in ("train", "ablate"):
         assert capsys.readouterr().err == (
-            "error: keras-preact train runs on Keras' TensorFlow backend (tf.distribute) or on JAX (one device). "
+            f"error: keras-preact {command} runs on Keras' TensorFlow backend (tf.distribute) or on JAX (one device). "
             "Received: KERAS_BACKEND=torch. Set KERAS_BACKEND=tensorflow or jax (on a GPU: TensorFlow's CUDA build, "
             "pip install 'keras-preact[gpu]', or JAX's, pip install 'jax[cuda12]'), or train with the recipe through "
             "model.fit (docs/training.md, 'The recipe on any backend'); evaluate and the model functions run on "
@@ -266,5 +265,5 @@ def test_commands_stop_at_once_on_a_backend_they_do_not_run_on(monkeypatch, caps
         assert capsys.readouterr().err == (
             f"error: keras-preact {command} runs on Keras' TensorFlow backend (tf.distribute, SavedModels). "
             f"Received: KERAS_BACKEND={backend}. Unset KERAS_BACKEND (on a GPU: pip install 'keras-preact[gpu]', "
-            "TensorFlow's CUDA build); train runs on JAX too, and evaluate and the model functions on every "
-            "backend.\n")
+            "TensorFlow's CUDA build); train and ablate run on JAX too, and evaluate and the model functions on "
+            "every backend.\n")

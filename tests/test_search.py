@@ -20,8 +20,8 @@ TINY_SEARCH = ["tune", "--config", "digits_demo", "--model", "resnet20", "--set"
                "--validation-examples", "300"]
 
 
-def run(*arguments, timeout=900):
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+def run(*arguments, timeout=900, backend="tensorflow"):
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend)
     return subprocess.run([KERAS_PREACT, *arguments], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -176,6 +176,25 @@ def test_tiny_ablation_runs_end_to_end_and_resumes(cifar_folder, tmp_path):
     again = run(*arguments)  # everything finished: read back, nothing trained
     assert again.returncode == 0, again.stderr[-3000:]
     assert "seed 0" not in again.stdout and open(os.path.join(output, "table3.md")).read() == table
+
+
+def test_every_shortcut_variant_trains_under_jax(cifar_folder, tmp_path):
+    """Table 1 under KERAS_BACKEND=jax (`loop.JaxSteps`): every shortcut of Fig. 2 (scalings,
+    both gatings, the 1x1 convolution, dropout) takes its steps and is tested, 4 steps each."""
+    output = str(tmp_path / "ablate")
+    result = run("ablate", "--table", "1", "--models", "resnet20", "--data-dir", cifar_folder, "--output", output,
+                 "--set", "dataset=folder", "--set", "train_examples=256", "--set", "test_examples=100",
+                 "--set", "batch_size=32", "--set", "reference_batch_size=32", "--set", "duration=4",
+                 "--set", "decay_boundaries=2,3", "--set", "warmup=0", "--set", "evaluate_every=4",
+                 "--set", "log_every=2", backend="jax")
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = list(csv.DictReader(open(os.path.join(output, "table1.csv"))))
+    assert [record["variant"] for record in records] == [row.label for row in ablation.TABLES[1].rows]
+    for record in records:
+        assert 0 <= float(record["median"]) <= 100
+    summary = json.load(open(os.path.join(output, "table1", "cifar10", "resnet20", "1x1_conv_shortcut", "seed0",
+                                          "summary.json")))
+    assert summary["config"]["shortcut"] == "projection" and summary["steps"] == 4
 
 
 def test_bad_ablation_arguments_exit_with_a_message(tmp_path):

@@ -27,9 +27,10 @@ import sys
 import tempfile
 
 # The Keras backends each command's computation runs on; under another one it stops at once
-# with a message that says what runs there instead. Training is TensorFlow's (tf.distribute)
-# or JAX's (one device); tuning, ablations and SavedModels are TensorFlow's alone.
-BACKENDS = {"train": ("tensorflow", "jax"), "tune": ("tensorflow",), "ablate": ("tensorflow",),
+# with a message that says what runs there instead. Training (`train`, and `ablate`'s runs)
+# is TensorFlow's (tf.distribute) or JAX's (one device); keras-tuner's trials (tf.distribute)
+# and SavedModels are TensorFlow's alone.
+BACKENDS = {"train": ("tensorflow", "jax"), "ablate": ("tensorflow", "jax"), "tune": ("tensorflow",),
             "export": ("tensorflow",)}
 # Commands that never import TensorFlow (they answer at once), or import it only where they
 # need it (serve: the onnxruntime runtime never does).
@@ -336,9 +337,9 @@ def check_backend(command):
 
     if keras.backend.backend() in BACKENDS[command]:
         return
-    if command == "train":
+    if "jax" in BACKENDS[command]:
         raise ValueError(
-            f"keras-preact train runs on Keras' TensorFlow backend (tf.distribute) or on JAX (one device). "
+            f"keras-preact {command} runs on Keras' TensorFlow backend (tf.distribute) or on JAX (one device). "
             f"Received: KERAS_BACKEND={keras.backend.backend()}. Set KERAS_BACKEND=tensorflow or jax (on a GPU: "
             f"TensorFlow's CUDA build, pip install 'keras-preact[gpu]', or JAX's, pip install 'jax[cuda12]'), or "
             f"train with the recipe through model.fit (docs/training.md, 'The recipe on any backend'); evaluate and "
@@ -346,8 +347,8 @@ def check_backend(command):
     raise ValueError(
         f"keras-preact {command} runs on Keras' TensorFlow backend (tf.distribute, SavedModels). Received: "
         f"KERAS_BACKEND={keras.backend.backend()}. Unset KERAS_BACKEND (on a GPU: pip install "
-        f"'keras-preact[gpu]', TensorFlow's CUDA build); train runs on JAX too, and evaluate and the model "
-        f"functions on every backend.")
+        f"'keras-preact[gpu]', TensorFlow's CUDA build); train and ablate run on JAX too, and evaluate and the "
+        f"model functions on every backend.")
 
 
 def import_tensorflow(verbose):

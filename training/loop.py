@@ -306,7 +306,7 @@ class TensorFlowSteps:
             for variable, values in zip(moving_statistics, local_values):
                 variable.assign(strategy.reduce("MEAN", values, axis=None))
 
-        self.model, self.train_step, self.average_moving_statistics = model, train_step, average_moving_statistics
+        self.train_step, self.average_moving_statistics = train_step, average_moving_statistics
         self.predict = tf.function(lambda images: model(images, training=False))
         return model, optimizer
 
@@ -338,8 +338,9 @@ class JaxSteps:
     """Training steps under JAX on one device: one jitted function of the network's and the
     optimizer's values (Keras' stateless API: `Model.stateless_call`, `Optimizer.stateless_apply`),
     the same computation as `replica_step_function`'s with one replica. The values go back into
-    Keras' variables for evaluation and for checkpoints, which `training_state` writes in
-    TensorFlow's format through copies of the variables (`saving`, `restored`).
+    Keras' variables for evaluation and for checkpoints: `training_state`'s, the variables by
+    name in TensorFlow's format, written and read through TensorFlow copies of them (`saving`,
+    `restored`).
 
     Raises:
         ValueError: if `config.strategy` needs `tf.distribute` (mirrored, multi_worker, tpu).
@@ -391,7 +392,6 @@ class JaxSteps:
         def predict(trainable, non_trainable, images):
             return model.stateless_call(trainable, non_trainable, images, training=False)[0]
 
-        self.model, self.optimizer = model, optimizer
         self.train_step, self.predict_values = jax.jit(train_step), jax.jit(predict)
         self.variables = model.trainable_variables, model.non_trainable_variables, optimizer.variables
         keyed = {"model": _by_name(model.variables), "optimizer": _by_name(optimizer.variables)}
@@ -411,7 +411,7 @@ class JaxSteps:
         for part, copies in self.copies.items():
             for key, copy in copies.items():
                 original = self.originals[part][key]
-                original.assign(np.asarray(copy.numpy()).astype(original.dtype))
+                original.assign(copy.numpy().astype(original.dtype))
         self.state = tuple([variable.value for variable in variables] for variables in self.variables)
 
     def saving(self):
@@ -421,10 +421,12 @@ class JaxSteps:
                 copy.assign(self._to_checkpoint(self.originals[part][key].value))
 
     def start(self, split, steps_per_epoch, first_step, total_steps):
+        """Begins reading the training batches of steps first_step + 1 .. total_steps, as arrays."""
         self.batches = data.training_batches(split, self.config, steps_per_epoch, first_step,
                                              total_steps).as_numpy_iterator()
 
     def step(self):
+        """One training step: (loss, correct answers) of its batch."""
         images, labels = next(self.batches)
         loss, correct, self.state = self.train_step(self.state, images, labels)
         return float(loss), float(correct)

@@ -4,6 +4,7 @@
     keras-preact train --config cifar10_paper --set model=resnet164 --seeds 5
     keras-preact train --config cifar10_paper --data-dir ~/tensorflow_datasets \\
         --strategy mirrored --set batch_size=256
+    KERAS_BACKEND=jax keras-preact train --config cifar10_zoo --data-dir DIR   # on JAX, one device
     keras-preact configs                                    # the configs and their fields
     keras-preact evaluate --model resnet20 --weights cifar10 --data-dir DIR   # test error, per class
     keras-preact zoo                                        # the shipped networks and their errors

@@ -177,6 +177,10 @@ def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
     }}
     assert zoo.unit_comparison_table(registry).splitlines()[2:] == [
         "| resnet20 | 10.34 | 10.12 | +0.22 | 9.67 / 9.51 | 8.75 (He 2015) / none | 30 epochs, cosine |"]
+    # No pair: a row says so, rather than a table of headers alone.
+    unpaired = {"cifar10": {name: registry["cifar10"][name] for name in ("resnet20", "resnet56_original")}}
+    assert zoo.unit_comparison_table(unpaired).splitlines()[2:] == [
+        "| none yet: no depth is shipped with both units trained by one recipe | | | | | | |"]
     # Table 3's own rows where the paper has both units; the original's where it has one.
     registry["cifar10"]["resnet110_original"] = entry(0.0712, 0.0655, model="resnet110_original")
     assert zoo.unit_comparison_table(registry).splitlines()[3] == (

@@ -98,7 +98,8 @@ def same_recipe(first, second):
 def unit_comparison_table(registry=None):
     """Table 3 at the zoo's scale: each depth the zoo ships with both units trained by the same
     recipe, the original and the pre-activation network's final test errors (single crop and
-    with the flip) and the pre-activation unit's gain, beside the paper's."""
+    with the flip) and the pre-activation unit's gain, beside the paper's (a row that says so
+    where there is no such depth)."""
     entries = (registry or pretrained.registry()).get("cifar10", {})
     lines = ["| network | original % | pre-activation % | gain (points) | with flip: original / pre-activation % "
              "| paper: original / pre-activation % | recipe |", "|---|---|---|---|---|---|---|"]
@@ -114,6 +115,8 @@ def unit_comparison_table(registry=None):
             f"| {name} | {100 * original['test_error']:.2f} | {100 * preactivation['test_error']:.2f} | {gain:+.2f} | "
             f"{flips} | {paper_error(f'{name}_original', True)} / {paper_error(name, True)} | "
             f"{config['duration']:g} {config['schedule_unit']}, {config.get('schedule', 'step')} |")
+    if not pairs:
+        lines.append("| none yet: no depth is shipped with both units trained by one recipe | | | | | | |")
     return "\n".join(lines)
 
 

@@ -135,6 +135,12 @@ def test_image_folder(cifar_folder):
     assert len(np.unique(labels)) == 10
 
 
+def test_a_run_names_its_data_by_the_folder_or_the_data_set():
+    folder = DIGITS.override("dataset=folder", "data_dir=/data/images/cifar10-jpeg/")
+    assert (data.name(folder), data.name(DIGITS), data.name(configs.CONFIGS["cifar10_paper"])) == (
+        "cifar10-jpeg", "digits", "cifar10")
+
+
 @pytest.fixture(scope="session")
 def tfds_cifar10(cifar_folder, tmp_path_factory):
     """A real tensorflow-datasets `cifar10` 3.0.2, written from 200 + 100 local JPEGs: the

@@ -84,6 +84,14 @@ def load(config):
     return data
 
 
+def name(config):
+    """The data of `config` as a plot's title names it: an image folder by its own name
+    ("cifar10-jpeg", not the machine's path to it), any other data set by its name."""
+    if config.dataset == "folder":
+        return os.path.basename(os.path.normpath(config.data_dir))
+    return config.dataset
+
+
 def validation_split(size, validation_examples, seed):
     """(training indices, validation indices): a fixed random `validation_examples` of the
     training set held out, the rest trained on. Disjoint, together every index once."""

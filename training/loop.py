@@ -601,7 +601,8 @@ class TrainingLog:
         )
         if not self.chief:
             return summary
-        plots.training_curves(self.csv_path, os.path.join(self.run_dir, "curves.png"), title=f"{config.model} on {data.name(config)}")
+        plots.training_curves(self.csv_path, os.path.join(self.run_dir, "curves.png"),
+                              title=f"{config.model} on {data.name(config)}")
         model.save(os.path.join(self.run_dir, "model.keras"))
         with open(os.path.join(self.run_dir, "summary.json"), "w") as file:
             json.dump(summary, file, indent=2)

@@ -3,21 +3,24 @@
     python scripts/land_zoo_run.py ~/.cache/keras-preact/runs/zoo-resnet20 --name resnet20 --images-per-second 690
 
 Publishes the run (`keras-preact publish`: the weights file, evaluated again, and its
-registry entry with the hours alone at the rate measured alone), copies its curves to
-`docs/zoo_<name>_curves.png` and its config, log and summary to `docs/runs/zoo-<name>/`,
+registry entry with the hours alone at the rate measured alone), draws its curves from its
+log into `docs/zoo_<name>_curves.png` (titled with the data folder's name, whichever code
+version trained it), copies its config, log and summary to `docs/runs/zoo-<name>/`,
 and rewrites the zoo's tables in README.md and docs/zoo.md (`keras-preact zoo`, and `zoo
 --units` in the README) from the registry. Then commit the lot in one commit.
 """
 
 import argparse
+import json
 import os
 import shutil
 import sys
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from training import zoo  # noqa: E402
+from training import data, plots, zoo  # noqa: E402
 
 
 def replace_table(text, table):
@@ -31,6 +34,14 @@ def replace_table(text, table):
     return text[:start] + table + text[end:]
 
 
+def draw_curves(run_dir, name, png_path):
+    """The run's test error and training loss (its log.csv) drawn into `png_path`, titled
+    with the network's name and its data's (an image folder by its own name)."""
+    with open(os.path.join(run_dir, "config.json")) as file:
+        config = types.SimpleNamespace(**json.load(file))
+    return plots.training_curves(os.path.join(run_dir, "log.csv"), png_path, title=f"{name} on {data.name(config)}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
@@ -40,7 +51,7 @@ def main():
     arguments = parser.parse_args()
     entry = zoo.publish(arguments.run_dir, arguments.name, images_per_second=arguments.images_per_second)
     curves = f"zoo_{arguments.name}_curves.png"
-    shutil.copy(os.path.join(arguments.run_dir, "curves.png"), os.path.join(ROOT, "docs", curves))
+    draw_curves(arguments.run_dir, arguments.name, os.path.join(ROOT, "docs", curves))
     logs = os.path.join(ROOT, "docs", "runs", f"zoo-{arguments.name}")
     os.makedirs(logs, exist_ok=True)
     for name in ("config.json", "log.csv", "summary.json"):

@@ -116,13 +116,18 @@ def test_the_zoo_tables_are_the_registrys(tmp_path):
     assert zoo.unit_comparison_table() in read(README), "the README's units table is not `keras-preact zoo --units`'s"
 
 
-def test_landing_a_zoo_run_replaces_each_table_and_nothing_else():
-    """scripts/land_zoo_run.py rewrites a document's table from its header line to the blank line."""
+def load_land_zoo_run():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("land_zoo_run", os.path.join(ROOT, "scripts", "land_zoo_run.py"))
     land_zoo_run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(land_zoo_run)
+    return land_zoo_run
+
+
+def test_landing_a_zoo_run_replaces_each_table_and_nothing_else():
+    """scripts/land_zoo_run.py rewrites a document's table from its header line to the blank line."""
+    land_zoo_run = load_land_zoo_run()
     text = "Intro.\n\n| network | error |\n|---|---|\n| resnet20 | 14.87 |\n\nAfter.\n\n| other |\n|---|\n"
     table = "| network | error |\n|---|---|\n| resnet20 | 11.50 |\n| resnet56 | 9.00 |"
     assert land_zoo_run.replace_table(text, table) == (
@@ -130,6 +135,17 @@ def test_landing_a_zoo_run_replaces_each_table_and_nothing_else():
         "| other |\n|---|\n")
     with pytest.raises(ValueError, match=re.escape("no table with the header '| network | parameters |' to replace")):
         land_zoo_run.replace_table(text, "| network | parameters |\n|---|---|")
+
+
+def test_landing_a_zoo_run_draws_its_curves_from_its_log_titled_with_the_data_folder(tmp_path, monkeypatch):
+    land_zoo_run = load_land_zoo_run()
+    drawn = []
+    monkeypatch.setattr(land_zoo_run.plots, "training_curves", lambda *arguments, **options: drawn.append(
+        (arguments, options)))
+    run_dir = os.path.join(DOCS, "runs", "zoo-resnet20")
+    land_zoo_run.draw_curves(run_dir, "resnet20", str(tmp_path / "curves.png"))
+    assert drawn == [((os.path.join(run_dir, "log.csv"), str(tmp_path / "curves.png")),
+                      {"title": "resnet20 on cifar10-jpeg"})]
 
 
 def mkdocs_build(folder, site):

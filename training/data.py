@@ -84,12 +84,15 @@ def load(config):
     return data
 
 
+def folder_name(data_dir):
+    """A data folder as a user names it: its own name ("cifar10-jpeg"), not the machine's path to it."""
+    return os.path.basename(os.path.normpath(data_dir))
+
+
 def name(config):
     """The data of `config` as a plot's title names it: an image folder by its own name
-    ("cifar10-jpeg", not the machine's path to it), any other data set by its name."""
-    if config.dataset == "folder":
-        return os.path.basename(os.path.normpath(config.data_dir))
-    return config.dataset
+    (`folder_name`), any other data set by its name."""
+    return folder_name(config.data_dir) if config.dataset == "folder" else config.dataset
 
 
 def validation_split(size, validation_examples, seed):

@@ -20,7 +20,7 @@ import numpy as np
 
 import keras_preact
 from keras_preact import checksums, pretrained
-from . import evaluate, files, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
+from . import data, evaluate, files, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
 # Published CIFAR-10 test errors (%) of each depth of the zoo, for its tables: the paper's, by
 # unit, as (error, source): He et al. 2015 ("Deep Residual Learning for Image Recognition",
@@ -129,7 +129,7 @@ DATA_DESCRIPTION = ("CIFAR-10 (Krizhevsky, 2009) with each image re-encoded as a
 def user_data_dir(data_dir):
     """A data directory as a user names it: the folder's own name ("cifar10-jpeg"), without
     the machine's path to it; None stays None (tensorflow-datasets' default)."""
-    return None if data_dir is None else os.path.basename(os.path.normpath(data_dir))
+    return None if data_dir is None else data.folder_name(data_dir)
 
 
 def user_command(command, data_dir=True):

@@ -5,9 +5,10 @@
 Publishes the run (`keras-preact publish`: the weights file, evaluated again, and its
 registry entry with the hours alone at the rate measured alone), draws its curves from its
 log into `docs/zoo_<name>_curves.png` (titled with the data folder's name, whichever code
-version trained it), copies its config, log and summary to `docs/runs/zoo-<name>/`,
-and rewrites the zoo's tables in README.md and docs/zoo.md (`keras-preact zoo`, and `zoo
---units` in the README) from the registry. Then commit the lot in one commit.
+version trained it), copies its config, log and summary to `docs/runs/zoo-<name>/`, and
+rewrites from the registry the zoo's tables in README.md and docs/zoo.md (`keras-preact
+zoo`, and `zoo --units` in the README) and docs/zoo.md's curves, one figure per network in
+the table's order. Then commit the lot in one commit.
 """
 
 import argparse
@@ -23,15 +24,24 @@ sys.path.insert(0, ROOT)
 from training import data, plots, zoo  # noqa: E402
 
 
+def replace_block(text, block, start, what):
+    """`text` with the paragraph that begins with `start` (up to the next blank line) replaced by `block`."""
+    if start not in text:
+        raise ValueError(f"no {what} {start!r} to replace")
+    begin = text.index(start)
+    end = text.find("\n\n", begin)
+    end = len(text) if end == -1 else end
+    return text[:begin] + block + text[end:]
+
+
 def replace_table(text, table):
     """`text` with the Markdown table whose header line is `table`'s first replaced by `table`."""
-    header = table.splitlines()[0]
-    if header not in text:
-        raise ValueError(f"no table with the header {header!r} to replace")
-    start = text.index(header)
-    end = text.find("\n\n", start)
-    end = len(text) if end == -1 else end
-    return text[:start] + table + text[end:]
+    return replace_block(text, table, table.splitlines()[0], "table with the header")
+
+
+def replace_curve_images(text, images):
+    """`text` with its paragraph of the zoo's curve images replaced by `images`."""
+    return replace_block(text, images, zoo.CURVE_IMAGE_START, "paragraph of images beginning")
 
 
 def draw_curves(run_dir, name, png_path):
@@ -63,10 +73,8 @@ def main():
             text = file.read()
         for table in replacements:
             text = replace_table(text, table)
-        if document == "docs/zoo.md" and f"({curves})" not in text:
-            last = text.rindex("_curves.png)\n") + len("_curves.png)\n")
-            image = f"![Test error and training loss of the zoo's {arguments.name}]({curves})\n"
-            text = text[:last] + image + text[last:]
+        if document == "docs/zoo.md":
+            text = replace_curve_images(text, zoo.curve_images())
         with open(path, "w") as file:
             file.write(text)
     print(f"{arguments.name}: test error {100 * entry['test_error']:.2f} %, with flip "

@@ -116,6 +116,20 @@ def test_the_zoo_tables_are_the_registrys(tmp_path):
     assert zoo.unit_comparison_table() in read(README), "the README's units table is not `keras-preact zoo --units`'s"
 
 
+def test_the_zoo_page_shows_every_shipped_networks_curves_in_the_tables_order():
+    from keras_preact_training import zoo
+
+    images = zoo.curve_images()
+    assert images.splitlines()[:3] == [
+        "![Test error and training loss of the zoo's pre-activation ResNet-20](zoo_resnet20_curves.png)",
+        "![Test error and training loss of the zoo's original ResNet-20](zoo_resnet20_original_curves.png)",
+        "![Test error and training loss of the zoo's pre-activation ResNet-56](zoo_resnet56_curves.png)",
+    ]
+    assert f"\n\n{images}\n\n" in read(os.path.join(DOCS, "zoo.md"))
+    for name, _ in zoo.in_table_order():
+        assert os.path.exists(os.path.join(DOCS, f"zoo_{name}_curves.png")), name
+
+
 def load_land_zoo_run():
     import importlib.util
 
@@ -135,6 +149,17 @@ def test_landing_a_zoo_run_replaces_each_table_and_nothing_else():
         "| other |\n|---|\n")
     with pytest.raises(ValueError, match=re.escape("no table with the header '| network | parameters |' to replace")):
         land_zoo_run.replace_table(text, "| network | parameters |\n|---|---|")
+
+
+def test_landing_a_zoo_run_replaces_the_paragraph_of_curve_images():
+    land_zoo_run = load_land_zoo_run()
+    alt = land_zoo_run.zoo.CURVE_IMAGE_START
+    text = f"Table.\n\n{alt} pre-activation ResNet-20](zoo_resnet20_curves.png)\n\n**Status.**\n"
+    images = (f"{alt} pre-activation ResNet-20](zoo_resnet20_curves.png)\n"
+              f"{alt} original ResNet-20](zoo_resnet20_original_curves.png)")
+    assert land_zoo_run.replace_curve_images(text, images) == f"Table.\n\n{images}\n\n**Status.**\n"
+    with pytest.raises(ValueError, match="no paragraph of images beginning"):
+        land_zoo_run.replace_curve_images("Table.\n\n**Status.**\n", images)
 
 
 def test_landing_a_zoo_run_draws_its_curves_from_its_log_titled_with_the_data_folder(tmp_path, monkeypatch):

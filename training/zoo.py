@@ -59,13 +59,19 @@ def paper_error(name, own_unit_only=False):
     return ""
 
 
+def in_table_order(registry=None):
+    """The shipped CIFAR-10 networks as (name, registry entry) pairs in the zoo table's
+    order: by size, then name (the pre-activation network before its original)."""
+    entries = (registry or pretrained.registry()).get("cifar10", {})
+    return sorted(entries.items(), key=lambda item: (item[1]["parameters"], item[0]))
+
+
 def markdown_table(registry=None):
     """The zoo's table: every shipped CIFAR-10 network, its final test error beside the
     published ones, its training hours and recipe, its file."""
-    entries = (registry or pretrained.registry()).get("cifar10", {})
     lines = ["| network | unit | parameters | test error % | with flip % | paper % | akamaster % | chenyaofo % | hours "
              "| hours alone (images/s) | recipe | file | sha256 |", "|---" * 13 + "|"]
-    for name, entry in sorted(entries.items(), key=lambda item: (item[1]["parameters"], item[0])):
+    for name, entry in in_table_order(registry):
         references = REFERENCES.get(depth_and_unit(name)[0], {})
         config = entry["config"]
         command = f"`{user_command(entry['command'], data_dir=False)}`" if entry.get("command") else ""
@@ -79,6 +85,21 @@ def markdown_table(registry=None):
             f"{entry['training_hours']:.1f} | {alone} | {command} ({config['duration']:g} {config['schedule_unit']}, "
             f"{config.get('schedule', 'step')}) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |")
     return "\n".join(lines)
+
+
+# How each of the zoo page's curve images begins (its alt text's start), which the landing script finds them by.
+CURVE_IMAGE_START = "![Test error and training loss of the zoo's"
+
+
+def curve_images(registry=None):
+    """The zoo page's figures, one per shipped network in the table's order: the curves
+    `docs/zoo_<name>_curves.png` that scripts/land_zoo_run.py draws from its run's log."""
+    images = []
+    for name, _ in in_table_order(registry):
+        depth, unit = depth_and_unit(name)
+        images.append(f"{CURVE_IMAGE_START} {UNIT_NAMES[unit]} ResNet-{depth.removeprefix('resnet')}]"
+                      f"(zoo_{name}_curves.png)")
+    return "\n".join(images)
 
 
 # Config fields that say how a run was logged, where its files were, or which kernels and

@@ -153,10 +153,10 @@ def test_landing_a_zoo_run_replaces_each_table_and_nothing_else():
 
 def test_landing_a_zoo_run_replaces_the_paragraph_of_curve_images():
     land_zoo_run = load_land_zoo_run()
-    alt = land_zoo_run.zoo.CURVE_IMAGE_START
-    text = f"Table.\n\n{alt} pre-activation ResNet-20](zoo_resnet20_curves.png)\n\n**Status.**\n"
-    images = (f"{alt} pre-activation ResNet-20](zoo_resnet20_curves.png)\n"
-              f"{alt} original ResNet-20](zoo_resnet20_original_curves.png)")
+    start = land_zoo_run.zoo.CURVE_IMAGE_START
+    text = f"Table.\n\n{start} pre-activation ResNet-20](zoo_resnet20_curves.png)\n\n**Status.**\n"
+    images = (f"{start} pre-activation ResNet-20](zoo_resnet20_curves.png)\n"
+              f"{start} original ResNet-20](zoo_resnet20_original_curves.png)")
     assert land_zoo_run.replace_curve_images(text, images) == f"Table.\n\n{images}\n\n**Status.**\n"
     with pytest.raises(ValueError, match="no paragraph of images beginning"):
         land_zoo_run.replace_curve_images("Table.\n\n**Status.**\n", images)

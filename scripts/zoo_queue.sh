@@ -17,6 +17,12 @@
 # 10,000 test JPEGs; each lands (scripts/land_zoo_run.py) as soon as it finishes. Rates
 # measured alone (bench/training_throughput.py --config cifar10_zoo, 2026-11-24): ResNet-56
 # 268 images/s (3.1 hours), ResNet-110 141 (5.9 hours).
+set -u
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-$HOME/.cache/keras-preact/runs}
+DATA=${DATA:-$HOME/.cache/keras-preact/cifar10-jpeg}
+PYTHON=${PYTHON:-.venv/bin/python}
+
 QUEUE=(
   "zoo-resnet56-original|--config cifar10_zoo --model resnet56_original"
   "zoo-resnet110|--config cifar10_zoo --model resnet110"

@@ -214,8 +214,8 @@ def test_evaluate_gives_the_error_and_per_class_accuracy_of_the_model(shipped, s
     predicted = np.argmax(keras.ops.convert_to_numpy(trained(keras_preact.preprocess_input(pixels))), axis=-1)
     for weights in ("cifar10", str(path)):
         result = evaluate.evaluate("resnet20", weights, data_dir=str(small_cifar), batch_size=7)
-        assert result["images"] == 100 and "flip_test_error" not in result
-        assert result["test_error"] == pytest.approx(np.mean(predicted != labels), abs=1e-9)
+        assert result["images"] == 100 and result["split"] == "test" and "flip_error" not in result
+        assert result["error"] == pytest.approx(np.mean(predicted != labels), abs=1e-9)
         for index, name in enumerate(pretrained.CIFAR10_CLASSES):
             assert result["per_class_accuracy"][name] == pytest.approx(np.mean(predicted[labels == index] == index))
     assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(small_cifar)]) == 0
@@ -242,11 +242,34 @@ def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_c
     predicted, flipped = np.argmax(probabilities, axis=-1), np.argmax(probabilities + mirrored, axis=-1)
     assert np.sum(flipped != predicted) >= 1
     result = evaluate.evaluate("resnet20", "cifar10", data_dir=str(small_cifar), batch_size=7, flip=True)
-    assert result["test_error"] == pytest.approx(np.mean(predicted != labels), abs=1e-9)
-    assert result["flip_test_error"] == pytest.approx(np.mean(flipped != labels), abs=1e-9)
+    assert result["error"] == pytest.approx(np.mean(predicted != labels), abs=1e-9)
+    assert result["flip_error"] == pytest.approx(np.mean(flipped != labels), abs=1e-9)
     assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(small_cifar), "--flip"]) == 0
     assert ("with the test-time flip (mean of an image's and its mirror's probabilities): test error "
             f"{100 * np.mean(flipped != labels):.2f} %") in capsys.readouterr().out
+
+
+@pytest.mark.tensorflow
+def test_evaluate_split_train_measures_the_training_images(small_cifar, capsys):
+    """How well the network fits what it learned from: the 50 training JPEGs of the small
+    folder, not its 100 test ones, in inference mode."""
+    import tensorflow as tf
+
+    from keras_preact_training import cli, data, evaluate
+
+    network = keras_preact.ResNet20(weights="cifar10", include_preprocessing=True)
+    paths = sorted((small_cifar / "train").glob("*/*.jpg"))
+    pixels = np.stack([np.array(data.decode_image(tf.io.read_file(str(file)), 3)) for file in paths])
+    labels = np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
+    predicted = np.argmax(keras.ops.convert_to_numpy(network(pixels.astype("float32"))), axis=-1)
+    result = evaluate.evaluate("resnet20", "cifar10", data_dir=str(small_cifar), batch_size=7, split="train")
+    assert result["split"] == "train" and result["images"] == 50
+    assert result["error"] == pytest.approx(np.mean(predicted != labels), abs=1e-9)
+    assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(small_cifar), "--split", "train"]) == 0
+    assert (f"resnet20 (cifar10): training-set error {100 * np.mean(predicted != labels):.2f} % on 50 images"
+            in capsys.readouterr().out)
+    with pytest.raises(ValueError, match=r"split must be one of \['test', 'train'\]. Received: split='validation'"):
+        evaluate.evaluate("resnet20", "cifar10", data_dir=str(small_cifar), split="validation")
 
 
 @pytest.mark.tensorflow
@@ -384,8 +407,8 @@ def test_shipped_network_gives_its_registry_error_on_the_cifar10_test_set(cifar_
     entry = pretrained.registry()["cifar10"][name]
     result = evaluate.evaluate(name, "cifar10", data_dir=cifar_folder, flip=True)
     assert result["images"] == 10_000
-    assert abs(result["test_error"] - entry["test_error"]) <= 0.001  # 0.1 points
-    assert abs(result["flip_test_error"] - entry["flip_test_error"]) <= 0.001
+    assert abs(result["error"] - entry["test_error"]) <= 0.001  # 0.1 points
+    assert abs(result["flip_error"] - entry["flip_test_error"]) <= 0.001
 
 
 @pytest.mark.tensorflow

@@ -99,8 +99,9 @@ def parser():
     evaluate_parser = command(
         "evaluate", help="test error and per-class accuracy of shipped weights or a weights file",
         description="Evaluate a network with keras-preact's shipped weights (--weights cifar10, checked against "
-        "their SHA-256) or a .weights.h5 file saved from the same network on the test split of a CIFAR-10-like "
-        "data set: 0-255 pixels normalised with CIFAR-10's statistics inside the model, one original image each.",
+        "their SHA-256) or a .weights.h5 file saved from the same network on the test split (or, with --split "
+        "train, the training split) of a CIFAR-10-like data set: 0-255 pixels normalised with CIFAR-10's "
+        "statistics inside the model, one original image each.",
     )
     evaluate_parser.add_argument("--model", required=True, help="the network, a name of keras_preact.list_models()")
     evaluate_parser.add_argument("--weights", default="cifar10",
@@ -114,6 +115,9 @@ def parser():
     evaluate_parser.add_argument("--flip", action="store_true",
                                  help="also report the error of the test-time flip: each image's class from the mean "
                                  "of its and its mirror image's probabilities")
+    evaluate_parser.add_argument("--split", default="test", choices=list(defaults.EVALUATION_SPLITS),
+                                 help="the split measured: test (default), or train for how well the network fits "
+                                 "its training images (inference mode, no augmentation)")
     publish = command(
         "publish", help="put a finished CIFAR-10 run's network into the model zoo (keras_preact/weights)",
         description="Save the network of a finished CIFAR-10 run as keras_preact/weights/cifar10_<name>.weights.h5 "
@@ -382,7 +386,7 @@ def evaluate_command(arguments):
     from . import evaluate
 
     result = evaluate.evaluate(arguments.model, arguments.weights, arguments.dataset, arguments.data_dir,
-                               arguments.batch_size, arguments.flip)
+                               arguments.batch_size, arguments.flip, arguments.split)
     print("\n".join(evaluate.report(arguments.model, arguments.weights, result)))
     return 0
 

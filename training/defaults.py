@@ -21,6 +21,8 @@ DEFAULT_MAX_IN_FLIGHT = 256
 DEFAULT_REQUEST_TIMEOUT = 10.0
 # evaluate: images per inference batch, a memory bound only (results do not depend on it).
 EVALUATION_BATCH_SIZE = 500
+# evaluate: the splits it measures, each with the name its report gives the error.
+EVALUATION_SPLITS = {"test": "test", "train": "training-set"}
 # tune: the gatings of Table 1 searched, the keras-tuner tuners offered, and the training
 # images held out for the search's objective.
 GATINGS = ("exclusive_gating", "shortcut_only_gating")

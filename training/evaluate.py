@@ -1,13 +1,14 @@
-"""`keras-preact evaluate`: the test error and per-class accuracy of a trained network.
+"""`keras-preact evaluate`: the error and per-class accuracy of a trained network.
 
 The network is built with `include_preprocessing=True` (it takes 0-255 pixels and
 normalises them with CIFAR-10's statistics, as the CIFAR configs train) and loads either
 keras-preact's shipped weights (`--weights cifar10`, checked against their SHA-256) or a
-`.weights.h5` file saved from the same network. The test split is read in its order,
-decoded as in training (`training.data`), one original image each (no augmentation).
-With `flip`, the error of the test-time flip is measured too: each image's class from the
-mean of its probabilities and its mirror image's (as many CIFAR zoos report); the
-single-crop error stays the headline.
+`.weights.h5` file saved from the same network. The test split (or, with `split="train"`,
+the training split: how well the network fits what it learned from, in inference mode) is
+read in its order, decoded as in training (`training.data`), one original image each (no
+augmentation). With `flip`, the error of the test-time flip is measured too: each image's
+class from the mean of its probabilities and its mirror image's (as many CIFAR zoos
+report); the single-crop error stays the headline.
 """
 
 import time
@@ -16,12 +17,12 @@ import numpy as np
 
 import keras_preact
 from . import configs, data
-from .defaults import EVALUATION_BATCH_SIZE
+from .defaults import EVALUATION_BATCH_SIZE, EVALUATION_SPLITS
 
 
-
-def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EVALUATION_BATCH_SIZE, flip=False):
-    """Evaluates `model_name` with `weights` on the test split of a CIFAR-10-like data set.
+def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EVALUATION_BATCH_SIZE, flip=False,
+             split="test"):
+    """Evaluates `model_name` with `weights` on a split of a CIFAR-10-like data set.
 
     Args:
         model_name: a name of `keras_preact.list_models()`.
@@ -30,38 +31,41 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
             (tensorflow-datasets, `data_dir` its data directory).
         data_dir: the folder, or tensorflow-datasets' data directory.
         batch_size: images per inference batch.
-        flip: also measure `flip_test_error`, from the mean of the softmax probabilities
+        flip: also measure `flip_error`, from the mean of the softmax probabilities
             of each image and of its horizontal mirror.
+        split: "test" (the default), or "train" for the error on the training images.
 
     Returns:
-        dict(test_error, per_class_accuracy={class name: accuracy}, images, seconds,
-        images_per_second), and flip_test_error with `flip`.
+        dict(split, error, per_class_accuracy={class name: accuracy}, images, seconds,
+        images_per_second), and flip_error with `flip`.
 
     Raises:
-        ValueError: for an unknown model, weights that do not fit, or a data set whose
-            classes are not CIFAR-10's while the weights are.
+        ValueError: for an unknown model or split, weights that do not fit, or a data set
+            whose classes are not CIFAR-10's while the weights are.
         FileNotFoundError: for a missing data directory.
     """
     if model_name not in keras_preact.MODELS:
         raise ValueError(f"Unknown model. Choose one of {keras_preact.list_models()}. Received: model={model_name!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}")
+    if split not in EVALUATION_SPLITS:
+        raise ValueError(f"split must be one of {list(EVALUATION_SPLITS)}. Received: split={split!r}")
     config = configs.get_config("cifar10_cpu", [f"dataset={dataset}"])
     if data_dir is not None:
         config = config.override(f"data_dir={data_dir}")
-    test_set = data.load(config)
-    names = list(test_set.class_names)
+    data_set = data.load(config)
+    names = list(data_set.class_names)
     shipped_classes = keras_preact.pretrained.DATASETS.get(weights, {}).get("classes")
     if shipped_classes and names != list(shipped_classes):
         raise ValueError(f"The {weights} weights classify {list(shipped_classes)}; the data set's classes differ. "
                          f"Received: classes {names}")
     model = keras_preact.get_model(model_name, weights=weights, include_preprocessing=True, classes=len(names),
-                                   input_shape=test_set.image_shape, classifier_activation=None)
+                                   input_shape=data_set.image_shape, classifier_activation=None)
     correct, counts = np.zeros(len(names), "int64"), np.zeros(len(names), "int64")
     flip_correct = 0
     started = time.perf_counter()
     # As NumPy, which every Keras backend takes.
-    for images, labels in data.evaluation_batches(test_set.test, batch_size).as_numpy_iterator():
+    for images, labels in data.evaluation_batches(getattr(data_set, split), batch_size).as_numpy_iterator():
         logits = np.asarray(model.predict_on_batch(images))
         predicted = np.argmax(logits, axis=-1)
         np.add.at(counts, labels, 1)
@@ -70,11 +74,11 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
             mirrored = np.asarray(model.predict_on_batch(images[:, :, ::-1]))
             flip_correct += int(np.sum(np.argmax(softmax(logits) + softmax(mirrored), axis=-1) == labels))
     seconds = time.perf_counter() - started
-    result = dict(test_error=1.0 - correct.sum() / counts.sum(),
+    result = dict(split=split, error=1.0 - correct.sum() / counts.sum(),
                   per_class_accuracy={name: float(hit / count) for name, hit, count in zip(names, correct, counts)},
                   images=int(counts.sum()), seconds=seconds, images_per_second=counts.sum() / seconds)
     if flip:
-        result["flip_test_error"] = 1.0 - flip_correct / counts.sum()
+        result["flip_error"] = 1.0 - flip_correct / counts.sum()
     return result
 
 
@@ -85,10 +89,11 @@ def softmax(logits):
 
 def report(model_name, weights, result):
     """The result as printed lines: the error, then one line per class."""
-    lines = [f"{model_name} ({weights}): test error {100 * result['test_error']:.2f} % on {result['images']:,} "
+    split = EVALUATION_SPLITS[result["split"]]
+    lines = [f"{model_name} ({weights}): {split} error {100 * result['error']:.2f} % on {result['images']:,} "
              f"images ({result['seconds']:.1f} s, {result['images_per_second']:.0f} images/s)",
-             *([f"with the test-time flip (mean of an image's and its mirror's probabilities): test error "
-                f"{100 * result['flip_test_error']:.2f} %"] if "flip_test_error" in result else []),
+             *([f"with the test-time flip (mean of an image's and its mirror's probabilities): {split} error "
+                f"{100 * result['flip_error']:.2f} %"] if "flip_error" in result else []),
              "class          accuracy"]
     lines += [f"{name:<14} {100 * accuracy:6.2f} %" for name, accuracy in result["per_class_accuracy"].items()]
     return lines

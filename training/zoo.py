@@ -243,16 +243,16 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
         raise ValueError(f"{name}'s weights take {size} bytes, more than the package's {MAXIMUM_BYTES}. "
                          f"Received: name={name!r}")
     result = evaluate.evaluate(name, path, config["dataset"], data_dir or config["data_dir"], flip=True)
-    if abs(result["test_error"] - summary["test_error"]) > AGREEMENT:
+    if abs(result["error"] - summary["test_error"]) > AGREEMENT:
         os.remove(path)
         raise ValueError(
-            f"The shipped file's test error ({100 * result['test_error']:.2f} %) differs from the run's "
+            f"The shipped file's test error ({100 * result['error']:.2f} %) differs from the run's "
             f"({100 * summary['test_error']:.2f} %): the network or its preprocessing is not the run's."
         )
     entry = dict(
         file=os.path.basename(path), sha256=checksums.sha256(path), bytes=size,
         parameters=sum(int(np.prod(weight.shape)) for weight in shipped.trainable_weights),
-        test_error=round(result["test_error"], 6), flip_test_error=round(result["flip_test_error"], 6),
+        test_error=round(result["error"], 6), flip_test_error=round(result["flip_error"], 6),
         per_class_accuracy={label: round(value, 4) for label, value in result["per_class_accuracy"].items()},
         data=DATA_DESCRIPTION, command=user_command(summary.get("command")),
         config=dict(config, data_dir=user_data_dir(config.get("data_dir"))),

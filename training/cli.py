@@ -97,7 +97,7 @@ def parser():
     diagnose.add_argument("--seed", type=int, default=0, help="seed of the networks' initialisation (default: 0)")
     diagnose.add_argument("--output", default=os.path.join("runs", "diagnose"), help="default: runs/diagnose")
     evaluate_parser = command(
-        "evaluate", help="test error and per-class accuracy of shipped weights or a weights file",
+        "evaluate", help="test (or training-set) error and per-class accuracy of shipped weights or a weights file",
         description="Evaluate a network with keras-preact's shipped weights (--weights cifar10, checked against "
         "their SHA-256) or a .weights.h5 file saved from the same network on the test split (or, with --split "
         "train, the training split) of a CIFAR-10-like data set: 0-255 pixels normalised with CIFAR-10's "

@@ -201,16 +201,23 @@ def small_cifar(cifar_folder, tmp_path):
     return root
 
 
-@pytest.mark.tensorflow
-def test_evaluate_gives_the_error_and_per_class_accuracy_of_the_model(shipped, small_cifar, capsys):
+def decoded_jpegs(folder):
+    """(pixels, labels) of the JPEGs of `folder`/<class>/, in the order of their paths, decoded as in training."""
     import tensorflow as tf
 
-    from keras_preact_training import cli, data, evaluate
+    from keras_preact_training import data
+
+    paths = sorted(folder.glob("*/*.jpg"))
+    pixels = np.stack([np.array(data.decode_image(tf.io.read_file(str(file)), 3)) for file in paths])
+    return pixels, np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
+
+
+@pytest.mark.tensorflow
+def test_evaluate_gives_the_error_and_per_class_accuracy_of_the_model(shipped, small_cifar, capsys):
+    from keras_preact_training import cli, evaluate
 
     trained, path = shipped
-    paths = sorted((small_cifar / "test").glob("*/*.jpg"))
-    pixels = np.stack([np.array(data.decode_image(tf.io.read_file(str(file)), 3)) for file in paths])
-    labels = np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
+    pixels, labels = decoded_jpegs(small_cifar / "test")
     predicted = np.argmax(keras.ops.convert_to_numpy(trained(keras_preact.preprocess_input(pixels))), axis=-1)
     for weights in ("cifar10", str(path)):
         result = evaluate.evaluate("resnet20", weights, data_dir=str(small_cifar), batch_size=7)
@@ -229,14 +236,10 @@ def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_c
     """The shipped ResNet-20 on 100 test JPEGs: the flip's error from the mean of each image's
     and its mirror's probabilities (which changes some answers here), the single-crop
     error beside it unchanged."""
-    import tensorflow as tf
-
-    from keras_preact_training import cli, data, evaluate
+    from keras_preact_training import cli, evaluate
 
     network = keras_preact.ResNet20(weights="cifar10", include_preprocessing=True)
-    paths = sorted((small_cifar / "test").glob("*/*.jpg"))
-    pixels = np.stack([np.array(data.decode_image(tf.io.read_file(str(file)), 3)) for file in paths])
-    labels = np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
+    pixels, labels = decoded_jpegs(small_cifar / "test")
     probabilities = keras.ops.convert_to_numpy(network(pixels.astype("float32")))
     mirrored = keras.ops.convert_to_numpy(network(pixels[:, :, ::-1].astype("float32")))
     predicted, flipped = np.argmax(probabilities, axis=-1), np.argmax(probabilities + mirrored, axis=-1)
@@ -253,14 +256,10 @@ def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_c
 def test_evaluate_split_train_measures_the_training_images(small_cifar, capsys):
     """How well the network fits what it learned from: the 50 training JPEGs of the small
     folder, not its 100 test ones, in inference mode."""
-    import tensorflow as tf
-
-    from keras_preact_training import cli, data, evaluate
+    from keras_preact_training import cli, evaluate
 
     network = keras_preact.ResNet20(weights="cifar10", include_preprocessing=True)
-    paths = sorted((small_cifar / "train").glob("*/*.jpg"))
-    pixels = np.stack([np.array(data.decode_image(tf.io.read_file(str(file)), 3)) for file in paths])
-    labels = np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
+    pixels, labels = decoded_jpegs(small_cifar / "train")
     predicted = np.argmax(keras.ops.convert_to_numpy(network(pixels.astype("float32"))), axis=-1)
     result = evaluate.evaluate("resnet20", "cifar10", data_dir=str(small_cifar), batch_size=7, split="train")
     assert result["split"] == "train" and result["images"] == 50

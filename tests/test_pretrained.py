@@ -272,6 +272,34 @@ def test_evaluate_split_train_measures_the_training_images(small_cifar, capsys):
 
 
 @pytest.mark.tensorflow
+def test_evaluate_computes_in_the_precision_asked_and_leaves_keras_policy_alone(small_cifar, monkeypatch):
+    """precision="mixed_bfloat16" evaluates as a bfloat16 run evaluated itself: the network
+    built in that policy, its predictions the error; Keras' global policy is float32 after."""
+    from keras_preact_training import evaluate
+
+    built, get_model = [], keras_preact.get_model
+
+    def recording_get_model(*arguments, **keywords):
+        built.append(get_model(*arguments, **keywords))
+        return built[-1]
+
+    monkeypatch.setattr(keras_preact, "get_model", recording_get_model)
+    result = evaluate.evaluate("resnet20", "cifar10", data_dir=str(small_cifar), batch_size=7,
+                               precision="mixed_bfloat16")
+    assert built[-1].dtype_policy.name == "mixed_bfloat16" and keras.config.dtype_policy().name == "float32"
+    pixels, labels = decoded_jpegs(small_cifar / "test")
+    logits = keras.ops.convert_to_numpy(built[-1](pixels.astype("float32"))).astype("float32")
+    float32_logits = keras.ops.convert_to_numpy(
+        keras_preact.ResNet20(weights="cifar10", include_preprocessing=True, classifier_activation=None)(
+            pixels.astype("float32")))
+    assert np.max(np.abs(logits - float32_logits)) > 1e-3  # bfloat16's rounding, not float32's
+    assert result["error"] == pytest.approx(np.mean(np.argmax(logits, axis=-1) != labels), abs=1e-9)
+    with pytest.raises(ValueError, match=r"precision must be one of \['float32', 'mixed_bfloat16', "
+                                         r"'mixed_float16'\]. Received: precision='bfloat16'"):
+        evaluate.evaluate("resnet20", "cifar10", data_dir=str(small_cifar), precision="bfloat16")
+
+
+@pytest.mark.tensorflow
 def test_evaluate_refuses_bad_input(shipped, small_cifar, tmp_path, capsys):
     from keras_preact_training import cli
 
@@ -289,7 +317,7 @@ def test_evaluate_refuses_bad_input(shipped, small_cifar, tmp_path, capsys):
 
 @pytest.mark.tensorflow
 def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_path, monkeypatch):
-    from keras_preact_training import cli, zoo
+    from keras_preact_training import cli, evaluate, zoo
 
     monkeypatch.setattr(pretrained, "WEIGHTS_DIRECTORY", str(tmp_path / "weights"))
     monkeypatch.setattr(pretrained, "REGISTRY_FILE", str(tmp_path / "weights" / "registry.json"))
@@ -337,6 +365,30 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     loaded = keras_preact.ResNet20(weights="cifar10", classifier_activation=None)
     for got, want in zip(values(loaded), values(network), strict=True):
         np.testing.assert_array_equal(got, want)
+
+    # A run trained in bfloat16 is checked against its own evaluation in bfloat16 (rounding
+    # moves predictions between precisions); the registry keeps float32's errors, as
+    # weights="cifar10" loads the network.
+    precisions, evaluate_as_written = [], evaluate.evaluate
+
+    def recording_evaluate(*arguments, **keywords):
+        precisions.append(keywords.get("precision", "float32"))
+        return evaluate_as_written(*arguments, **keywords)
+
+    monkeypatch.setattr(evaluate, "evaluate", recording_evaluate)
+    bfloat16_error = evaluate_as_written("resnet20", str(shipped), data_dir=str(small_cifar),
+                                         precision="mixed_bfloat16")["error"]
+    summary["config"]["precision"], summary["test_error"] = "mixed_bfloat16", bfloat16_error + 0.01
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=re.escape(
+            f"The shipped file's test error in the run's precision, mixed_bfloat16 ({100 * bfloat16_error:.2f} %), "
+            f"differs from the run's ({100 * bfloat16_error + 1:.2f} %)")):
+        zoo.publish(str(run_dir), "resnet20")
+    assert precisions == ["float32", "mixed_bfloat16"]
+    summary["test_error"] = bfloat16_error
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    assert zoo.publish(str(run_dir), "resnet20")["test_error"] == entry["test_error"]
+    assert precisions[2:] == ["float32", "mixed_bfloat16"]
 
     summary["config"]["validation_examples"] = 500
     (run_dir / "summary.json").write_text(json.dumps(summary))

@@ -18,6 +18,8 @@ DIGITS_STD = (95.71,)
 # The ways shortcut and residual branch combine (Fig. 2), built by `training.recipe`.
 MERGES = ("addition", "no_shortcut", "constant_scaling", "exclusive_gating", "shortcut_only_gating",
           "shortcut_dropout")
+# Keras dtype policies a network trains (and `training.evaluate` evaluates) in.
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
 # What `Config.__post_init__` accepts of each number field, as its error says it and as it
@@ -169,7 +171,7 @@ class Config:
             "schedule_unit": ("steps", "epochs"),
             "schedule": ("step", "cosine"),
             "strategy": ("default", "one_device", "mirrored", "multi_worker", "tpu"),
-            "precision": ("float32", "mixed_bfloat16", "mixed_float16"),
+            "precision": PRECISIONS,
             "shortcut": ("identity", "projection"),
             "merge": MERGES,
         }

@@ -13,6 +13,7 @@ report); the single-crop error stays the headline.
 
 import time
 
+import keras
 import numpy as np
 
 import keras_preact
@@ -21,7 +22,7 @@ from .defaults import EVALUATION_BATCH_SIZE, EVALUATION_SPLITS
 
 
 def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EVALUATION_BATCH_SIZE, flip=False,
-             split="test"):
+             split="test", precision="float32"):
     """Evaluates `model_name` with `weights` on a split of a CIFAR-10-like data set.
 
     Args:
@@ -34,6 +35,10 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
         flip: also measure `flip_error`, from the mean of the softmax probabilities
             of each image and of its horizontal mirror.
         split: "test" (the default), or "train" for the error on the training images.
+        precision: the Keras dtype policy the network computes in: "float32" (the
+            default, as `weights=` loads a network), or the precision a run trained in
+            ("mixed_bfloat16": its own evaluations computed so, and bfloat16's rounding
+            moves a few predictions of 10,000).
 
     Returns:
         dict(split, error, per_class_accuracy={class name: accuracy}, images, seconds,
@@ -50,6 +55,8 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
         raise ValueError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}")
     if split not in EVALUATION_SPLITS:
         raise ValueError(f"split must be one of {list(EVALUATION_SPLITS)}. Received: split={split!r}")
+    if precision not in configs.PRECISIONS:
+        raise ValueError(f"precision must be one of {list(configs.PRECISIONS)}. Received: precision={precision!r}")
     config = configs.get_config("cifar10_cpu", [f"dataset={dataset}"])
     if data_dir is not None:
         config = config.override(f"data_dir={data_dir}")
@@ -59,19 +66,24 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
     if shipped_classes and names != list(shipped_classes):
         raise ValueError(f"The {weights} weights classify {list(shipped_classes)}; the data set's classes differ. "
                          f"Received: classes {names}")
-    model = keras_preact.get_model(model_name, weights=weights, include_preprocessing=True, classes=len(names),
-                                   input_shape=data_set.image_shape, classifier_activation=None)
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(precision)  # layers take the policy when they are made
+    try:
+        model = keras_preact.get_model(model_name, weights=weights, include_preprocessing=True, classes=len(names),
+                                       input_shape=data_set.image_shape, classifier_activation=None)
+    finally:
+        keras.config.set_dtype_policy(policy)
     correct, counts = np.zeros(len(names), "int64"), np.zeros(len(names), "int64")
     flip_correct = 0
     started = time.perf_counter()
     # As NumPy, which every Keras backend takes.
     for images, labels in data.evaluation_batches(getattr(data_set, split), batch_size).as_numpy_iterator():
-        logits = np.asarray(model.predict_on_batch(images))
+        logits = np.asarray(model.predict_on_batch(images), "float32")
         predicted = np.argmax(logits, axis=-1)
         np.add.at(counts, labels, 1)
         np.add.at(correct, labels, predicted == labels)
         if flip:
-            mirrored = np.asarray(model.predict_on_batch(images[:, :, ::-1]))
+            mirrored = np.asarray(model.predict_on_batch(images[:, :, ::-1]), "float32")
             flip_correct += int(np.sum(np.argmax(softmax(logits) + softmax(mirrored), axis=-1) == labels))
     seconds = time.perf_counter() - started
     result = dict(split=split, error=1.0 - correct.sum() / counts.sum(),

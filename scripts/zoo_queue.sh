@@ -11,7 +11,7 @@
 # session of 2026-11-25 found it empty, and the original ResNet-56 restarted from epoch 0),
 # so a run that has landed leaves the queue in the commit that lands it: the recipe search
 # (issue 26 item 1, its results in docs/zoo.md) and the pre-activation and original
-# ResNet-20 and the pre-activation ResNet-56 (keras_preact/weights/) are done.
+# ResNet-20 and ResNet-56 (keras_preact/weights/) are done.
 #
 # The zoo (issue 26 item 3): the chosen recipe, all 50,000 training JPEGs, tested on the
 # 10,000 test JPEGs; each lands (scripts/land_zoo_run.py) as soon as it finishes. Rates
@@ -24,7 +24,6 @@ DATA=${DATA:-$HOME/.cache/keras-preact/cifar10-jpeg}
 PYTHON=${PYTHON:-.venv/bin/python}
 
 QUEUE=(
-  "zoo-resnet56-original|--config cifar10_zoo --model resnet56_original"
   "zoo-resnet110|--config cifar10_zoo --model resnet110"
   "zoo-resnet110-original|--config cifar10_zoo --model resnet110_original"
 )

@@ -35,10 +35,10 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
         flip: also measure `flip_error`, from the mean of the softmax probabilities
             of each image and of its horizontal mirror.
         split: "test" (the default), or "train" for the error on the training images.
-        precision: the Keras dtype policy the network computes in: "float32" (the
-            default, as `weights=` loads a network), or the precision a run trained in
-            ("mixed_bfloat16": its own evaluations computed so, and bfloat16's rounding
-            moves a few predictions of 10,000).
+        precision: the Keras dtype policy the network is built in: "float32" (the
+            default, as `weights=` loads a network), or the precision a run trained and
+            evaluated itself in, such as "mixed_bfloat16" (whose rounding moves a few
+            predictions of 10,000).
 
     Returns:
         dict(split, error, per_class_accuracy={class name: accuracy}, images, seconds,

@@ -25,7 +25,9 @@ PYTHON=${PYTHON:-.venv/bin/python}
 
 QUEUE=(
   "zoo-resnet110|--config cifar10_zoo --model resnet110"
+  "zoo-resnet164|--config cifar10_zoo --model resnet164"
   "zoo-resnet110-original|--config cifar10_zoo --model resnet110_original"
+  "zoo-resnet164-original|--config cifar10_zoo --model resnet164_original"
 )
 
 mkdir -p "$RUNS"

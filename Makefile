@@ -26,8 +26,8 @@ demo: $(VENV)/installed
 	$(BIN)/keras-preact export --model resnet20 --weights cifar10 --images docs/cifar10/*.jpg
 
 # Every test on TensorFlow (the documentation site's strict build included), then the
-# library's tests again on JAX and on PyTorch (the largest networks and TensorFlow-only
-# tests left out there). pytest's exit code 5, no test collected, fails the target like
+# library's tests again on JAX and on PyTorch (the largest networks, TensorFlow-only tests and
+# tests of commands, which name their own backend, left out there). pytest's exit code 5, no test collected, fails the target like
 # any other error.
 test: test-tensorflow test-jax test-torch
 
@@ -35,10 +35,10 @@ test-tensorflow: $(VENV)/installed
 	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest
 
 test-jax: $(VENV)/installed
-	KERAS_BACKEND=jax $(BIN)/python -m pytest -m "not large and not tensorflow and not slow" -p no:cacheprovider
+	KERAS_BACKEND=jax $(BIN)/python -m pytest -m "not large and not tensorflow and not commands and not slow" -p no:cacheprovider
 
 test-torch: $(VENV)/installed
-	KERAS_BACKEND=torch $(BIN)/python -m pytest -m "not large and not tensorflow and not slow" -p no:cacheprovider
+	KERAS_BACKEND=torch $(BIN)/python -m pytest -m "not large and not tensorflow and not commands and not slow" -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

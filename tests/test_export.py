@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import keras_preact
-from keras_preact_training import configs, data, export
+from keras_preact_training import configs, data, export, input_tensorflow
 from keras_preact_training.serving import contract
 from tests.conftest import KERAS_PREACT
 
@@ -178,14 +178,14 @@ def test_encoded_images_are_preprocessed_as_in_training(resnet20_export, cifar_f
     config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={cifar_folder}",
                                                         "test_examples=12")
     split = data.load(config).test
-    images, _ = next(iter(data.evaluation_batches(split, 12)))
+    images, _ = next(iter(input_tensorflow.evaluation_batches(split, 12)))
     expected = expected_outputs(network, normalize(images, CIFAR), CIFAR_CLASSES, export.DEFAULT_TOP_K)
     encoded = tf.constant([tf.io.read_file(str(file)).numpy() for file in split.items])
     outputs = tf.saved_model.load(path).signatures["serving_default"](images=encoded)
     assert_outputs_match(outputs, expected)
     # Any image size: a 48 x 40 JPEG is resized to 32 x 32 as the training pipeline resizes.
     large = tf.io.encode_jpeg(tf.image.resize(tf.io.decode_jpeg(encoded[0]), (48, 40), "nearest")).numpy()
-    resized = np.array(data.resize(data.decode_image(large, 3), 32))[None]
+    resized = np.array(input_tensorflow.resize(input_tensorflow.decode_image(large, 3), 32))[None]
     expected = expected_outputs(network, normalize(resized, CIFAR), CIFAR_CLASSES, 5)
     assert_outputs_match(tf.saved_model.load(path).signatures["serving_default"](images=tf.constant([large])), expected)
 

@@ -49,3 +49,20 @@ def test_the_console_command_answers_configs_from_anywhere(tmp_path):
     result = subprocess.run([KERAS_PREACT, "configs"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "keras-preact train --config digits_demo" in result.stdout
+
+
+def test_the_library_and_training_without_tensorflow_need_no_tensorflow(tmp_path):
+    """`pip install keras-preact` and its `training-core` extra (train and evaluate under JAX or
+    PyTorch) ask for no TensorFlow; the `tensorflow` and `training` extras do."""
+    with zipfile.ZipFile(build_wheel(tmp_path)) as wheel:
+        metadata = wheel.read(next(name for name in wheel.namelist() if name.endswith(".dist-info/METADATA")))
+    requirements = [line.split(":", 1)[1].strip() for line in metadata.decode().splitlines()
+                    if line.startswith("Requires-Dist:")]
+    extras = {}
+    for requirement in requirements:
+        name, _, marker = requirement.partition(";")
+        extra = marker.split("extra ==")[1].strip().strip("'\"") if "extra ==" in marker else None
+        extras.setdefault(extra, []).append(name.strip())
+    assert not any(name.startswith("tensorflow") for name in extras[None] + extras["training-core"])
+    assert any(name.startswith("tensorflow") for name in extras["tensorflow"])
+    assert any("tensorflow" in name for name in extras["training"])

@@ -205,10 +205,10 @@ def decoded_jpegs(folder):
     """(pixels, labels) of the JPEGs of `folder`/<class>/, in the order of their paths, decoded as in training."""
     import tensorflow as tf
 
-    from keras_preact_training import data
+    from keras_preact_training import input_tensorflow
 
     paths = sorted(folder.glob("*/*.jpg"))
-    pixels = np.stack([np.array(data.decode_image(tf.io.read_file(str(file)), 3)) for file in paths])
+    pixels = np.stack([np.array(input_tensorflow.decode_image(tf.io.read_file(str(file)), 3)) for file in paths])
     return pixels, np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
 
 
@@ -400,7 +400,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
 def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipped, tmp_path, capsys):
     import tensorflow as tf
 
-    from keras_preact_training import cli, data, export
+    from keras_preact_training import cli, export, input_tensorflow
     from keras_preact_training.serving import contract
 
     trained, _ = shipped
@@ -413,7 +413,7 @@ def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipp
     metadata = contract.read_metadata(str(version))
     assert metadata["model"] == "resnet20" and metadata["test_error"] == 0.5
     assert metadata["weights"]["sha256"] == pretrained.registry()["cifar10"]["resnet20"]["sha256"]
-    pixels = np.stack([np.array(data.decode_image(tf.io.read_file(image), 3)) for image in images])
+    pixels = np.stack([np.array(input_tensorflow.decode_image(tf.io.read_file(image), 3)) for image in images])
     probabilities = keras.ops.convert_to_numpy(trained(keras_preact.preprocess_input(pixels), training=False))
     expected = keras_preact.decode_predictions(probabilities, top=3)
     classified = export.classify(str(version), export.read_image_files(images))
@@ -467,13 +467,13 @@ def test_shipped_network_gives_its_registry_error_on_the_cifar10_test_set(cifar_
 def test_exported_shipped_network_classifies_real_jpegs_as_keras(cifar_folder, tmp_path, name):
     import tensorflow as tf
 
-    from keras_preact_training import data, export
+    from keras_preact_training import export, input_tensorflow
 
     paths = [os.path.join(cifar_folder, "test", label, f"{index:04d}.jpg")
              for label in pretrained.CIFAR10_CLASSES for index in range(10)]
     version = export.export_shipped(name, output=str(tmp_path), verbose=False)
     classified = export.classify(version, export.read_image_files(paths))
-    pixels = np.stack([np.array(data.decode_image(tf.io.read_file(path), 3)) for path in paths])
+    pixels = np.stack([np.array(input_tensorflow.decode_image(tf.io.read_file(path), 3)) for path in paths])
     model = keras_preact.get_model(name, weights="cifar10", include_preprocessing=True)
     expected = keras_preact.decode_predictions(model.predict(pixels, verbose=0), top=1)
     assert [ranked[0][0] for ranked in classified] == [best[0][1] for best in expected]

@@ -23,7 +23,7 @@ from PIL import Image
 
 import keras_preact
 from tests.test_export import CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
-from keras_preact_training import data, export
+from keras_preact_training import export, input_tensorflow
 from keras_preact_training.serving import contract
 from keras_preact_training.serving.batching import Batcher
 from keras_preact_training.serving.model import RUNTIMES, ModelServer
@@ -128,7 +128,7 @@ def jpegs(pixels):
 
 def decoded(encoded):
     """The pixels the server sees for JPEG bytes (JPEG is lossy; decoding is deterministic)."""
-    return np.stack([data.decode_image(image, 3).numpy() for image in encoded])
+    return np.stack([input_tensorflow.decode_image(image, 3).numpy() for image in encoded])
 
 
 def assert_prediction_matches(prediction, expected, row):

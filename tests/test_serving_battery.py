@@ -24,7 +24,7 @@ from tests.test_export import CIFAR, calibrated, random_pixels
 from tests.test_serving import (PREDICT, Client, b64, export_resnet20, free_port, jpegs, raw_exchange, serve_command,
                                 start_server, stop_server)
 from keras_preact_training import client as query_client
-from keras_preact_training import data, export
+from keras_preact_training import export, input_tensorflow
 from keras_preact_training.serving import contract
 from keras_preact_training.serving.batching import Batcher
 from keras_preact_training.serving.connections import Connections
@@ -134,7 +134,7 @@ def test_a_network_that_answers_too_few_requests_fails_the_batch_and_frees_the_s
 def soak_pool(count=24):
     """`count` images in each signature's form: JPEG bytes, their decoded pixels, normalised."""
     encoded = jpegs(random_pixels(count, CIFAR, seed=11))
-    pixels = np.stack([data.decode_image(image, 3).numpy() for image in encoded])
+    pixels = np.stack([input_tensorflow.decode_image(image, 3).numpy() for image in encoded])
     normalized = (pixels - np.array(CIFAR.normalization_mean)) / np.array(CIFAR.normalization_std)
     return {"serving_default": [b64(image) for image in encoded], "predict_pixels": pixels.tolist(),
             "predict_normalized": normalized.astype(np.float32).tolist()}

@@ -244,17 +244,17 @@ def test_analysis_measures_looped_units_one_by_one_and_reaches_their_batch_norms
 @pytest.mark.tensorflow
 def test_training_checkpoints_restore_the_stacked_weights(tmp_path):
     """The training loop's checkpoint holds the loops' variables: a resumed run gets them back."""
-    from keras_preact_training import loop
+    from keras_preact_training import checkpoints
 
     trained = keras_preact.ResNet20(classes=10, scan_units=True)
     trained(random_images((4, 32, 32, 3)), training=True)  # moving statistics away from 0 and 1
     optimizer = keras.optimizers.SGD(0.1, momentum=0.9, name="sgd")
     optimizer.build(trained.trainable_variables)
-    path = loop.training_state(trained, optimizer).write(str(tmp_path / "checkpoint"))
+    path = checkpoints.save(str(tmp_path), 0, checkpoints.state(trained, optimizer))
     fresh = keras_preact.ResNet20(classes=10, scan_units=True)
     fresh_optimizer = keras.optimizers.SGD(0.1, momentum=0.9, name="sgd")  # variables named as in a new process
     fresh_optimizer.build(fresh.trainable_variables)
-    loop.training_state(fresh, fresh_optimizer).read(path).assert_consumed()
+    checkpoints.load(fresh, fresh_optimizer, checkpoints.read(path, checkpoints.variables_by_key(fresh, fresh_optimizer)))
     for want, got in zip(trained.variables, fresh.variables, strict=True):
         np.testing.assert_array_equal(np.array(got), np.array(want), err_msg=want.path)
 

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from keras_preact import blocks
-from keras_preact_training import configs, data, loop
+from keras_preact_training import configs, data, input_tensorflow, loop
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
@@ -47,7 +47,7 @@ def digest(output):
 # Input pipelines ------------------------------------------------------------------------
 
 def batches(split, config, first_step, total_steps, context=None):
-    dataset = data.training_batches(split, config, configs.steps_per_epoch(split.size, config.batch_size),
+    dataset = input_tensorflow.training_batches(split, config, configs.steps_per_epoch(split.size, config.batch_size),
                                     first_step, total_steps, context)
     return [(images.numpy(), labels.numpy()) for images, labels in dataset]
 
@@ -116,8 +116,8 @@ def test_streamed_epochs_are_reshuffled(digits):
 
 def test_imagenet_crops():
     image = tf.cast(tf.random.uniform((300, 400, 3), 0, 255, seed=1), tf.uint8)
-    assert data.random_resized_crop(image, 224).shape == (224, 224, 3)
-    centre = data.central_crop(image, 224)
+    assert input_tensorflow.random_resized_crop(image, 224).shape == (224, 224, 3)
+    centre = input_tensorflow.central_crop(image, 224)
     # Shorter side resized to 256 (256 x 341), then the central 224 x 224.
     assert centre.shape == (224, 224, 3)
     expected = tf.image.resize(image, (256, 341))[16:240, 58:282]
@@ -129,7 +129,7 @@ def test_image_folder(cifar_folder):
                                                                   "train_examples=1000", "test_examples=100"))
     assert folder.class_names[:3] == ["airplane", "automobile", "bird"]
     assert (folder.train.size, folder.test.size) == (1000, 100)
-    images, labels = next(iter(data.evaluation_batches(folder.test, 100)))
+    images, labels = next(iter(input_tensorflow.evaluation_batches(folder.test, 100)))
     assert images.shape == (100, 32, 32, 3) and images.dtype == tf.float32
     assert 0 <= float(tf.reduce_min(images)) and float(tf.reduce_max(images)) <= 255
     assert len(np.unique(labels)) == 10
@@ -231,24 +231,24 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, backend):
     checkpoints = resumed_dir / "checkpoints"
     deadline = time.time() + 300
     # Kill it mid-run: after its second checkpoint (step 10), before the last (step 44).
-    while time.time() < deadline and not (checkpoints.exists() and len(list(checkpoints.glob("ckpt-10.index")))):
+    while time.time() < deadline and not (checkpoints / "ckpt-10.npz").exists():
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (resumed_dir / "summary.json").exists(), "the run finished before it was killed"
 
-    # The newest checkpoint truncated (a crash while writing, a full disk) and the index
-    # file garbage: the run resumes from the checkpoint before, and loses nothing.
-    steps = sorted(int(path.name[len("ckpt-"):-len(".index")]) for path in checkpoints.glob("ckpt-*.index"))
+    # The newest checkpoint truncated (a full disk, a copy cut short) and a half-written one
+    # beside it: the run resumes from the checkpoint before, and loses nothing.
+    steps = sorted(int(path.name[len("ckpt-"):-len(".npz")]) for path in checkpoints.glob("ckpt-*.npz"))
     assert len(steps) >= 2, steps
-    newest = next(checkpoints.glob(f"ckpt-{steps[-1]}.data-*"))
+    newest = checkpoints / f"ckpt-{steps[-1]}.npz"
     newest.write_bytes(newest.read_bytes()[:100])
-    (checkpoints / "checkpoint").write_text("model_checkpoint_path: \"ckpt-\x00garbage\n")
+    (checkpoints / "ckpt-99.npz.partial").write_bytes(b"cut short")
 
     resumed = run_training("--run-dir", str(resumed_dir), *SHORT, backend=backend)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"Checkpoint {checkpoints / f'ckpt-{steps[-1]}'} cannot be restored" in resumed.stdout
-    assert f"Resuming from {checkpoints / f'ckpt-{steps[-2]}'} at step {steps[-2]} of 44." in resumed.stdout
+    assert f"Checkpoint {newest} cannot be restored" in resumed.stdout
+    assert f"Resuming from {checkpoints / f'ckpt-{steps[-2]}.npz'} at step {steps[-2]} of 44." in resumed.stdout
     for whole, again in zip(final_weights(tmp_path / "whole"), final_weights(resumed_dir)):
         np.testing.assert_array_equal(whole, again)
     assert digest(resumed.stdout) == digest(uninterrupted.stdout)
@@ -269,7 +269,7 @@ def test_a_run_resumes_under_the_other_backend_and_trains_alike(tmp_path):
         resumed = run_training("--run-dir", str(tmp_path / backend), *steady, "--set", "duration=2",
                                "--allow-config-changes", backend=backend)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert f"Resuming from {tmp_path / backend / 'checkpoints' / 'ckpt-22'} at step 22 of 44." in resumed.stdout
+        assert f"Resuming from {tmp_path / backend / 'checkpoints' / 'ckpt-22.npz'} at step 22 of 44." in resumed.stdout
         with open(tmp_path / backend / "log.csv") as file:
             rows = list(csv.DictReader(file))
         losses[backend] = [float(row["loss"]) for row in rows if int(row["step"]) > 22]
@@ -283,12 +283,13 @@ def test_a_run_resumes_under_the_other_backend_and_trains_alike(tmp_path):
 def test_a_run_whose_checkpoints_are_all_unreadable_stops_and_names_them(tmp_path):
     checkpoints = tmp_path / "broken" / "checkpoints"
     checkpoints.mkdir(parents=True)
-    for name in ("ckpt-5.index", "ckpt-5.data-00000-of-00001"):
+    for name in ("ckpt-5.npz", "ckpt-3.index", "ckpt-3.data-00000-of-00001"):
         (checkpoints / name).write_bytes(b"not a checkpoint")
     result = run_training("--run-dir", str(tmp_path / "broken"), *SHORT)
     assert result.returncode == 4
     assert f"error: No checkpoint in {checkpoints} can be restored" in result.stderr
-    assert f"{checkpoints / 'ckpt-5'}: " in result.stderr and "Traceback" not in result.stderr
+    assert f"{checkpoints / 'ckpt-5.npz'}: " in result.stderr and f"{checkpoints / 'ckpt-3'}: " in result.stderr
+    assert "Traceback" not in result.stderr
     assert not (tmp_path / "broken" / "log.csv").exists()
 
 
@@ -523,8 +524,8 @@ def test_a_run_with_a_weights_average_evaluates_and_saves_the_average(tmp_path, 
     assert plain.returncode == 0 and averaged.returncode == 0, averaged.stderr[-3000:]
     assert logged_losses(tmp_path / "averaged") == logged_losses(tmp_path / "plain")
     assert digest(averaged.stdout) != digest(plain.stdout)
-    checkpoint = tf.train.latest_checkpoint(str(tmp_path / "averaged" / "checkpoints"))
-    names = [name for name, _ in tf.train.list_variables(checkpoint)]
+    with np.load(tmp_path / "averaged" / "checkpoints" / "ckpt-44.npz") as checkpoint:
+        names = list(checkpoint.files)
     model = keras.saving.load_model(tmp_path / "averaged" / "model.keras")
     assert sum("average" in name for name in names) == len(model.trainable_variables)
     test = data.load(DIGITS).test

@@ -107,17 +107,17 @@ def test_coupled_sgd_equals_keras_sgd_on_the_regularization_loss(momentum, neste
 def test_a_checkpoint_of_keras_sgd_resumes_with_coupled_sgd(tmp_path):
     """Runs checkpointed before the recipe's optimizer became `CoupledSGD` resume: the
     optimizer variables keep their paths, and every momentum and the step count restore."""
-    from keras_preact_training import loop
+    from keras_preact_training import checkpoints
 
     before = tiny_network(DECAY)
     # "sgd": the name of a training process's one SGD (later ones in a process are "sgd_1", ...).
     train(before, keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM, name="sgd"))
-    written = loop.training_state(before, before.optimizer).save(str(tmp_path / "ckpt"))
+    written = checkpoints.save(str(tmp_path), 2, checkpoints.state(before, before.optimizer))
     after = tiny_network(DECAY)
     optimizer = recipe.CoupledSGD(LEARNING_RATE, momentum=MOMENTUM)
     optimizer.take_weight_decay(after)
     optimizer.build(after.trainable_variables)
-    loop.training_state(after, optimizer).restore(written).assert_consumed()
+    checkpoints.load(after, optimizer, checkpoints.read(written, checkpoints.variables_by_key(after, optimizer)))
     assert int(optimizer.iterations) == 2
     assert largest_difference([np.array(v) for v in optimizer.variables], [np.array(v) for v in before.optimizer.variables]) == 0
     assert largest_difference(after.get_weights(), before.get_weights()) == 0
@@ -136,12 +136,12 @@ def test_the_training_loops_step_traces_one_fused_update_per_weight_and_no_l2_lo
 
     import tensorflow as tf
 
-    from keras_preact_training import loop
+    from keras_preact_training import engines
 
     def traced_operations(model, optimizer):
         optimizer.build(model.trainable_variables)
         per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-        step = loop.replica_step_function(model, optimizer, len(LABELS), per_example_loss)
+        step = engines.replica_step_function(model, optimizer, len(LABELS), per_example_loss)
         return tf.function(lambda: step(INPUTS, LABELS)).get_concrete_function().graph.get_operations()
 
     with_loss = collections.Counter(operation.type for operation in traced_operations(

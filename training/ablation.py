@@ -158,7 +158,7 @@ def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(),
     Raises:
         ValueError: for an unknown table, a bad override or model.
     """
-    from . import loop
+    from . import engines, loop
 
     if table_number not in TABLES:
         raise ValueError(f"table must be one of {sorted(TABLES)}. Received: table={table_number!r}")
@@ -171,7 +171,7 @@ def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(),
                          f"{sorted({dataset for dataset, _ in table.cells})}.")
     for cell in chosen:  # every config checked before the first run starts
         configuration(cell, 0, overrides, data_dir)
-    loop.configure(configuration(chosen[0], 0, overrides, data_dir))
+    engines.configure(configuration(chosen[0], 0, overrides, data_dir))
     # Columns that put one network in place of several share its runs.
     trainings = list(dict.fromkeys((cell.dataset, cell.model, cell.row.label) for cell in chosen))
     for cell in chosen:

@@ -5,6 +5,7 @@
     keras-preact train --config cifar10_paper --data-dir ~/tensorflow_datasets \\
         --strategy mirrored --set batch_size=256
     KERAS_BACKEND=jax keras-preact train --config cifar10_zoo --data-dir DIR   # on JAX, one device
+    KERAS_BACKEND=torch keras-preact train --config cifar10_zoo --data-dir DIR # on PyTorch; no TensorFlow needed
     keras-preact configs                                    # the configs and their fields
     keras-preact evaluate --model resnet20 --weights cifar10 --data-dir DIR   # test error, per class
     keras-preact zoo                                        # the shipped networks and their errors
@@ -28,14 +29,17 @@ import sys
 import tempfile
 
 # The Keras backends each command's computation runs on; under another one it stops at once
-# with a message that says what runs there instead. Training (`train`, and `ablate`'s runs)
-# is TensorFlow's (tf.distribute) or JAX's (one device); keras-tuner's trials (tf.distribute)
-# and SavedModels are TensorFlow's alone.
-BACKENDS = {"train": ("tensorflow", "jax"), "ablate": ("tensorflow", "jax"), "tune": ("tensorflow",),
+# with a message that says what runs there instead. Training (`train`) is TensorFlow's
+# (tf.distribute) or JAX's or PyTorch's (one device); `ablate`'s runs TensorFlow's or JAX's;
+# keras-tuner's trials (tf.distribute) and SavedModels are TensorFlow's alone.
+BACKENDS = {"train": ("tensorflow", "jax", "torch"), "ablate": ("tensorflow", "jax"), "tune": ("tensorflow",),
             "export": ("tensorflow",)}
 # Commands that never import TensorFlow (they answer at once), or import it only where they
 # need it (serve: the onnxruntime runtime never does).
 WITHOUT_TENSORFLOW = ("configs", "compare", "query", "serve")
+# Commands that run without TensorFlow under KERAS_BACKEND=jax or torch (images read with
+# NumPy and Pillow, `training.input_numpy`); where it is installed they import it as the rest.
+TENSORFLOW_OPTIONAL = ("train", "evaluate")
 
 
 def parser():
@@ -269,9 +273,9 @@ def config_from(arguments):
 
 
 def train_seeds(config, run_dir, seeds, command=None, allow_config_changes=False):
-    from . import loop
+    from . import engines, loop
 
-    loop.configure(config)
+    engines.configure(config)
     summaries = []
     for seed in range(seeds):
         seeded = dataclasses.replace(config, seed=config.seed + seed)
@@ -290,9 +294,9 @@ def train_seeds(config, run_dir, seeds, command=None, allow_config_changes=False
 
 def main(argv=None):
     arguments = parser().parse_args(argv)
-    if arguments.command not in WITHOUT_TENSORFLOW:
-        import_tensorflow(arguments.verbose)
     try:
+        if arguments.command not in WITHOUT_TENSORFLOW:
+            import_tensorflow(arguments.verbose, optional=arguments.command in TENSORFLOW_OPTIONAL)
         if arguments.command in BACKENDS:
             check_backend(arguments.command)
         if arguments.command == "configs":
@@ -346,21 +350,29 @@ def check_backend(command):
         raise ValueError(
             f"keras-preact {command} runs on Keras' TensorFlow backend (tf.distribute) or on JAX (one device). "
             f"Received: KERAS_BACKEND={keras.backend.backend()}. Set KERAS_BACKEND=tensorflow or jax (on a GPU: "
-            f"TensorFlow's CUDA build, pip install 'keras-preact[gpu]', or JAX's, pip install 'jax[cuda12]'), or "
-            f"train with the recipe through model.fit (docs/training.md, 'The recipe on any backend'); evaluate and "
-            f"the model functions run on every backend.")
+            f"TensorFlow's CUDA build, pip install 'keras-preact[gpu]', or JAX's, pip install 'jax[cuda12]'); "
+            f"train, evaluate and the model functions run on every backend.")
     raise ValueError(
         f"keras-preact {command} runs on Keras' TensorFlow backend (tf.distribute, SavedModels). Received: "
         f"KERAS_BACKEND={keras.backend.backend()}. Unset KERAS_BACKEND (on a GPU: pip install "
-        f"'keras-preact[gpu]', TensorFlow's CUDA build); train and ablate run on JAX too, and evaluate and the "
+        f"'keras-preact[gpu]', TensorFlow's CUDA build); ablate runs on JAX too, and train, evaluate and the "
         f"model functions on every backend.")
 
 
-def import_tensorflow(verbose):
+def import_tensorflow(verbose, optional=False):
     """Imports TensorFlow, quietly unless `verbose`: its C++ log lines below FATAL are off
     (`TF_CPP_MIN_LOG_LEVEL=3`, unless set), and the lines its libraries write while they load,
     before absl's logging starts (CUDA probing, oneDNN notices, which no log level silences),
-    go to a temporary file that is shown only if the import fails."""
+    go to a temporary file that is shown only if the import fails. `optional`: where TensorFlow
+    is not installed, nothing happens (the command runs without it or says why it cannot)."""
+    if optional:
+        import importlib.util
+
+        try:
+            if importlib.util.find_spec("tensorflow") is None:
+                return
+        except ImportError:
+            return
     if verbose:
         import tensorflow  # noqa: F401
 
@@ -472,10 +484,10 @@ def query_command(arguments):
 
 
 def tune_command(arguments):
-    from . import loop, tune
+    from . import engines, tune
 
     config = config_from(arguments)
-    loop.configure(config)
+    engines.configure(config)
     tune.search(config, arguments.output, arguments.gatings, arguments.tuner, arguments.trials,
                 arguments.validation_examples, arguments.rounds, retrain=not arguments.no_retrain)
     print(f"Table and plot in {arguments.output} (gate_bias.md, gate_bias.csv, gate_bias.png).")

@@ -1,6 +1,6 @@
 """`keras-preact compare`: finished runs side by side, error against training hours.
 
-Used to pick the zoo's schedule (issue 12): runs of the same network under different
+Used to pick the zoo's schedule: runs of the same network under different
 schedules, each evaluated on a validation split held out of the training set, compared on
 their final error and on the hours each needs to come within a margin of the best final
 error. Hours are steps x batch / a measured training rate where one is given (runs that

@@ -117,6 +117,10 @@ class Config:
         deterministic: bitwise reproducible runs: deterministic kernels, one thread per
             kernel, no Grappler rewrites. Slower; a resumed or multi-worker run then
             ends with exactly the weights of an uninterrupted one-process run.
+        input_pipeline: what reads and decodes the images: "tensorflow" (tf.data, which
+            `tf.distribute` needs) or "numpy" (NumPy and Pillow, for JAX and PyTorch
+            without TensorFlow; image folders and the digits). Both give the same batches.
+            `None`: "tensorflow" where TensorFlow is installed, else "numpy".
     """
 
     model: str = "resnet110"
@@ -164,6 +168,7 @@ class Config:
     xla: bool = False
     fused_batch_norm: bool = True
     deterministic: bool = False
+    input_pipeline: str = None
 
     def __post_init__(self):
         choices = {
@@ -175,6 +180,8 @@ class Config:
             "shortcut": ("identity", "projection"),
             "merge": MERGES,
         }
+        if self.input_pipeline is not None:
+            choices["input_pipeline"] = ("tensorflow", "numpy")
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field} must be one of {list(allowed)}. Received: {field}={getattr(self, field)!r}")

@@ -1,45 +1,53 @@
-"""Input pipelines: data sets, their order, sharding over replicas and workers, batching.
+"""Data sets, their splits and the order of their examples; which input pipeline reads them.
 
 The order of the training examples is a pure function of (seed, epoch, position), so a
 resumed run skips exactly the examples it has seen, before decoding them, and every
 worker of a multi-worker run computes the same order and keeps its own share. Epochs
 use only full global batches.
+
+Two input pipelines read the same splits in the same order into the same batches:
+`input_tensorflow` (tf.data: the default where TensorFlow is installed, and the one
+`tf.distribute` needs) and `input_numpy` (NumPy and Pillow only: training and evaluation
+under JAX or PyTorch without TensorFlow). This module imports neither TensorFlow nor Pillow.
 """
 
 import dataclasses
+import functools
+import importlib
+import math
 import os
 
 import numpy as np
-import tensorflow as tf
 
-from .serving import contract
-
-# Where a pipeline's decoding runs in parallel; tf.data picks the degree.
-AUTOTUNE = tf.data.AUTOTUNE
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 # Examples held back as the test split of the digits (the last 360 of scikit-learn's
 # 1,797, about 20 % and 33-37 of each class).
 DIGITS_TEST_EXAMPLES = 360
-# tensorflow-datasets splits up to this size are held in memory as encoded images and
-# indexed like arrays (CIFAR's 50,000 PNGs: about 150 MB); larger ones (ImageNet) are
-# streamed through a shuffle buffer of STREAM_SHUFFLE_BUFFER records.
-IN_MEMORY_EXAMPLES = 100_000
-STREAM_SHUFFLE_BUFFER = 20_000
+# The input pipelines (`Config.input_pipeline`), by name: their modules in this package.
+PIPELINES = {"tensorflow": "input_tensorflow", "numpy": "input_numpy"}
+# Data sets only TensorFlow reads (tensorflow-datasets' records).
+TENSORFLOW_DATASETS = ("cifar10", "cifar100", "imagenet2012")
+# How many unreadable files an error lists.
+UNREADABLE_LISTED = 3
 
 
 @dataclasses.dataclass
 class Split:
-    """One split: `items` (images, or file paths), `labels`, and how to decode an item.
+    """One split: `items` (pixels, or image files' paths), `labels`, and how to decode an item.
 
-    `items` is an array indexed by example; `stream`, for data sets too large for
-    memory, a `tf.data.Dataset` of (item, label) in a fixed order, with `size` examples.
+    `items` is an array indexed by example: uint8 or float pixels [examples, height, width,
+    channels], or paths of image files, which decode to `image_size` x `image_size`. A
+    split of tensorflow-datasets holds encoded records and its TensorFlow `decode`;
+    `stream`, for data sets too large for memory, is a `tf.data.Dataset` of (item, label)
+    in a fixed order, with `size` examples.
     """
 
     labels: np.ndarray = None
     items: np.ndarray = None
-    stream: tf.data.Dataset = None
+    stream: object = None
     size: int = None
     decode: object = None
+    image_size: int = None
 
     def __post_init__(self):
         if self.size is None:
@@ -69,19 +77,58 @@ def load(config):
         ValueError: for an unknown data set, or an image folder with an empty class
             folder, test classes that train/ has not, or files that do not decode.
     """
-    loaders = {"digits": digits, "folder": image_folder, "cifar10": tfds_dataset, "cifar100": tfds_dataset,
-               "imagenet2012": tfds_dataset}
-    if config.dataset not in loaders:
-        raise ValueError(f"dataset must be one of {sorted(loaders)}. Received: dataset={config.dataset!r}")
-    data = loaders[config.dataset](config)
+    pipeline = input_pipeline(config)
+    if config.dataset in TENSORFLOW_DATASETS:
+        if pipeline.__name__.rpartition(".")[2] != PIPELINES["tensorflow"]:
+            raise ValueError(f"dataset={config.dataset} is read through tensorflow-datasets, which needs TensorFlow. "
+                             "Received: input_pipeline=numpy. Install TensorFlow, or train on an image folder "
+                             "(dataset=folder, --data-dir DIR with DIR/train/<class>/ and DIR/test/<class>/).")
+        data = pipeline.tfds_dataset(config)
+    elif config.dataset in ("digits", "folder"):
+        data = digits(config) if config.dataset == "digits" else image_folder(config)
+    else:
+        raise ValueError(f"dataset must be one of {['digits', 'folder', *TENSORFLOW_DATASETS]}. "
+                         f"Received: dataset={config.dataset!r}")
     if config.validation_examples is not None:
         data.train, data.validation = hold_out(data.train, config.validation_examples, config.seed)
     data.train = subset(data.train, config.train_examples, config.seed)
     data.test = subset(data.test, config.test_examples, config.seed)
-    for name, split in (("train", data.train), ("validation", data.validation), ("test", data.test)):
-        if split is not None:
-            raise_for_unreadable(split, name)
+    for name in ("train", "validation", "test"):
+        if getattr(data, name) is not None:
+            setattr(data, name, pipeline.prepare(getattr(data, name), name))
     return data
+
+
+def tensorflow_installed():
+    """Whether `import tensorflow` succeeds in this environment."""
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def input_pipeline_name(config):
+    """The input pipeline `config` trains and evaluates through: `config.input_pipeline`, or
+    where that is None, "tensorflow" where TensorFlow is installed and "numpy" where not."""
+    if config.input_pipeline is not None:
+        return config.input_pipeline
+    return "tensorflow" if tensorflow_installed() else "numpy"
+
+
+def input_pipeline(config):
+    """The module of `config`'s input pipeline (`input_pipeline_name`): `input_tensorflow` or
+    `input_numpy`, each with `prepare`, `training_arrays` and `evaluation_arrays`.
+
+    Raises:
+        ImportError: for the TensorFlow pipeline where TensorFlow is not installed.
+    """
+    name = input_pipeline_name(config)
+    if name == "tensorflow" and not tensorflow_installed():
+        raise ImportError("input_pipeline=tensorflow needs TensorFlow, which is not installed. Received: "
+                          "input_pipeline='tensorflow'. Install it (pip install tensorflow), or read the data with "
+                          "NumPy and Pillow: --set input_pipeline=numpy (under KERAS_BACKEND=jax or torch).")
+    return importlib.import_module(f"{__package__}.{PIPELINES[name]}")
 
 
 def folder_name(data_dir):
@@ -180,193 +227,107 @@ def image_folder(config):
             labels += [label] * (len(paths) - len(labels))
         if not paths:
             raise FileNotFoundError(f"No images in {os.path.join(root, split)}/<class>/. Received: data_dir={root!r}")
-        splits[split] = Split(items=np.array(paths), labels=np.array(labels, "int64"), decode=decode_file(config.image_size))
+        splits[split] = Split(items=np.array(paths), labels=np.array(labels, "int64"), image_size=config.image_size)
     return DataSet(splits["train"], splits["test"], class_names, (config.image_size, config.image_size, 3))
 
 
-# How many unreadable files an error lists.
-UNREADABLE_LISTED = 3
+def holds_files(split):
+    """Whether `split`'s items are image files' paths (decoded as they are read)."""
+    return split.items is not None and split.items.dtype.kind in "SU"
 
 
-def unreadable_files(split, limit=UNREADABLE_LISTED):
-    """Up to `limit` files of an image-folder split that do not decode as images
-    (truncated, corrupt, or not an image at all); [] for splits held in memory."""
-    if split.items is None or split.items.dtype.kind not in "SU":
-        return []
-    unreadable = []
-    for path in split.items:
-        try:
-            decode_image(tf.io.read_file(path), 3)
-        except tf.errors.OpError:
-            unreadable.append(str(path))
-            if len(unreadable) == limit:
-                break
-    return unreadable
-
-
-def raise_for_unreadable(split, name):
-    """Raises a ValueError naming the files of `split` (`name`: "train", "test", ...)
-    that do not decode as images, if there are any."""
-    unreadable = unreadable_files(split)
+def raise_for_unreadable(unreadable, name):
+    """Raises a ValueError naming `unreadable`, files of the split `name` ("train", "test", ...)
+    that do not decode as images, if there are any (at most UNREADABLE_LISTED are found)."""
     if unreadable:
         raise ValueError(f"The {name} split holds files that do not decode as images (truncated or corrupt): "
                          f"{unreadable}{' ...' if len(unreadable) == UNREADABLE_LISTED else ''}. Replace or remove them.")
 
 
-def decode_image(encoded, channels):
-    """Encoded JPEG, PNG, GIF or BMP bytes -> uint8 pixels [height, width, channels].
-
-    JPEGs are decoded with libjpeg's accurate integer DCT (`dct_method="INTEGER_ACCURATE"`,
-    libjpeg's own default and Pillow's), where `tf.io.decode_image` uses the fast one,
-    which is up to 5 levels off: training, evaluation, the SavedModel and the onnxruntime
-    server (Pillow) then see the same pixels."""
-    jpeg = tf.equal(tf.strings.substr(encoded, 0, 3), b"\xff\xd8\xff")  # the JPEG signature
-    return tf.cond(jpeg, lambda: tf.io.decode_jpeg(encoded, channels, dct_method="INTEGER_ACCURATE"),
-                   lambda: tf.io.decode_image(encoded, channels, expand_animations=False))
+# The key that `tf.random.experimental.index_shuffle` puts before a seed of two numbers
+# (TensorFlow's `stateless_random_ops.index_shuffle`), and the rounds of its cipher.
+INDEX_SHUFFLE_KEY = 498247692
+INDEX_SHUFFLE_ROUNDS = 4
+# The shortest block the cipher permutes, in bits.
+INDEX_SHUFFLE_MINIMUM_BLOCK = 16
+# Blocks up to this many bits are enciphered whole where the range is small in them.
+INDEX_SHUFFLE_TABLE_BITS = 20
 
 
-def decode_file(image_size):
-    def decode(path):
-        image = decode_image(tf.io.read_file(path), 3)
-        return resize(image, image_size)
+def index_shuffle(positions, seed, max_index):
+    """The positions' places in a pseudorandom permutation of 0 .. max_index, seeded by the
+    two numbers `seed`: `tf.random.experimental.index_shuffle` in NumPy, equal to it for every
+    input (tested), so that both input pipelines read the same order.
 
-    return decode
-
-
-def resize(image, image_size):
-    """`image` at image_size x image_size: unchanged if it already is, else resized."""
-    shape = tf.shape(image)
-    same = tf.logical_and(tf.equal(shape[0], image_size), tf.equal(shape[1], image_size))
-    resized = tf.cond(
-        same, lambda: tf.cast(image, tf.float32), lambda: tf.image.resize(image, (image_size, image_size))
-    )
-    return tf.ensure_shape(resized, (image_size, image_size, None))
-
-
-def tfds_dataset(config):
-    """CIFAR-10, CIFAR-100 or ImageNet through tensorflow-datasets.
-
-    Downloads where the network allows it and nothing is prepared in `data_dir`;
-    ImageNet needs its archives in `data_dir/downloads/manual` (tensorflow-datasets'
-    manual download). Records are read in a fixed order and kept encoded: splits of up
-    to IN_MEMORY_EXAMPLES are held in memory and indexed like arrays, larger ones are
-    streamed. Images are decoded after shuffling and sharding.
+    The permutation is a cycle-walking cipher (Black and Rogaway, "Ciphers with Arbitrary
+    Finite Domains", 2002) over the Simon block cipher (Beaulieu et al., "The SIMON and SPECK
+    Families of Lightweight Block Ciphers", 2013) with four rounds, as TensorFlow's kernel
+    computes it: a block of an even number of bits (at least 16) that holds `max_index`, the
+    key's words cut to the block's half, and each position enciphered until it falls in range.
     """
-    import tensorflow_datasets as tfds
+    positions = np.asarray(positions, np.uint64)
+    if max_index == 0:
+        return np.zeros(positions.shape, np.int64)
+    block = math.ceil(math.log2(max_index))
+    block = max(block + block % 2, INDEX_SHUFFLE_MINIMUM_BLOCK)
+    word = block // 2
+    mask = np.uint64((1 << word) - 1)
 
-    builder = tfds.builder(config.dataset, data_dir=config.data_dir)
-    try:
-        builder.download_and_prepare()
-    except Exception as error:
-        raise FileNotFoundError(
-            f"Could not find or prepare {config.dataset!r} in {builder.data_dir}: {error}. Download it on a machine "
-            "with internet access (python -m tensorflow_datasets.scripts.download_and_prepare "
-            f"--datasets={config.dataset}) and pass its data directory with --data-dir."
-        ) from error
-    image_feature = builder.info.features["image"]
-    splits = {}
-    for name, split in (("train", "train"), ("test", "test" if "test" in builder.info.splits else "validation")):
-        stream = builder.as_dataset(
-            split=split, shuffle_files=False, as_supervised=True, decoders={"image": tfds.decode.SkipDecoding()}
-        )
-        decode = decoder(config, image_feature, training=name == "train")
-        size = builder.info.splits[split].num_examples
-        if size <= IN_MEMORY_EXAMPLES:
-            encoded, labels = zip(*stream.as_numpy_iterator())
-            splits[name] = Split(items=np.array(encoded, dtype=object), labels=np.array(labels, "int64"), decode=decode)
-        else:
-            splits[name] = Split(stream=stream, size=size, decode=decode)
-    class_names = builder.info.features["label"].names
-    return DataSet(splits["train"], splits["test"], class_names, (config.image_size, config.image_size, 3))
+    def rotate_left(value, bits):
+        return ((value << np.uint64(bits)) & mask) | (value >> np.uint64(word - bits))
 
+    def rotate_right(value, bits):
+        return (value >> np.uint64(bits)) | ((value << np.uint64(word - bits)) & mask)
 
-def decoder(config, image_feature, training):
-    """Encoded image -> float image of image_size: ImageNet's random-resized crop (training)
-    or central crop (evaluation); other data sets resized only where their size differs."""
-    if config.dataset != "imagenet2012":
-        crop = resize
-    else:
-        crop = random_resized_crop if training else central_crop
-    return lambda encoded: crop(image_feature.decode_example(encoded), config.image_size)
+    keys = [np.uint64(int(number) % 2**32 & int(mask)) for number in (INDEX_SHUFFLE_KEY, *seed)]
+    constant, sequence = np.uint64(0xfffffffc & int(mask)), 0x7369f885192c0ef5 & int(mask)  # Simon's c and z
+    for round_index in range(3, INDEX_SHUFFLE_ROUNDS):
+        keys.append(constant ^ np.uint64(sequence & 1) ^ keys[round_index - 3]
+                    ^ rotate_right(keys[round_index - 1], 3) ^ rotate_right(keys[round_index - 1], 4))
+        sequence >>= 1
 
+    def mix(value):
+        return (rotate_left(value, 1) & rotate_left(value, 8)) ^ rotate_left(value, 2)
 
-# Scale augmentation of fb.resnet.torch ("Inception-style", as the paper's best
-# ResNet-200 result uses): a crop of 8 %-100 % of the area with aspect ratio 3/4-4/3.
-CROP_AREA = (0.08, 1.0)
-CROP_ASPECT_RATIO = (3 / 4, 4 / 3)
+    def encipher(values):
+        left, right = (values >> np.uint64(word)) & mask, values & mask
+        for round_index in range(0, len(keys), 2):
+            left = left ^ mix(right) ^ keys[round_index]
+            right = right ^ mix(left) ^ keys[round_index + 1]
+        return (left << np.uint64(word)) | right
 
-
-def random_resized_crop(image, image_size):
-    begin, size, _ = tf.image.sample_distorted_bounding_box(
-        tf.shape(image), tf.zeros((1, 0, 4)), area_range=CROP_AREA, aspect_ratio_range=CROP_ASPECT_RATIO,
-        max_attempts=10, use_image_if_no_bounding_boxes=True,
-    )
-    return tf.image.resize(tf.slice(image, begin, size), (image_size, image_size))
+    if block > INDEX_SHUFFLE_TABLE_BITS:  # max_index >= 2**(block - 2): a few walks at most
+        shuffled = encipher(positions)
+        outside = shuffled > np.uint64(max_index)
+        while outside.any():
+            shuffled[outside] = encipher(shuffled[outside])
+            outside = shuffled > np.uint64(max_index)
+        return shuffled.astype(np.int64)
+    # A small range in a block of at least 16 bits takes up to 2**block / (max_index + 1)
+    # walks: the cipher of the whole block instead, each entry's walk to the range found by
+    # pointer jumping (an entry's target becomes its target's, until it is in the range).
+    following = encipher(np.arange(2**block, dtype=np.uint64)).astype(np.int64)
+    while (following[:max_index + 1] > max_index).any():
+        following = np.where(following <= max_index, following, following[following])
+    return following[positions.astype(np.int64)]
 
 
-def central_crop(image, image_size):
-    shape = tf.cast(tf.shape(image)[:2], tf.float32)
-    scale = image_size * contract.RESIZE_RATIO / tf.reduce_min(shape)
-    resized = tf.image.resize(image, tf.cast(tf.round(shape * scale), tf.int32))
-    return tf.image.resize_with_crop_or_pad(resized, image_size, image_size)
+def example_indices(positions, size, used, seed):
+    """The indices into a split of `size` examples of the stream of epochs' `positions`: each
+    epoch is the first `used` places of a permutation of the split, seeded by (seed, epoch)."""
+    positions = np.asarray(positions, np.int64)
+    epochs, places = np.divmod(positions, used)
+    indices = np.empty(len(positions), np.int64)
+    for epoch in np.unique(epochs):
+        these = epochs == epoch
+        indices[these] = epoch_order(size, used, seed, int(epoch))[places[these]]
+    return indices
 
 
-def examples_from(split, seed, used, first_position, end_position):
-    """(item, label) at positions first_position .. end_position - 1 of the stream of epochs.
-
-    Each epoch is the first `used` examples of a permutation of the split: for indexed
-    data a stateless index shuffle of (seed, epoch), which a resumed run skips into
-    without reading what it skips; for a stream a seeded shuffle buffer, reshuffled each
-    epoch, which a resumed run reads (without decoding) up to its position.
-    """
-    if split.items is None:
-        epochs = split.stream.shuffle(STREAM_SHUFFLE_BUFFER, seed=seed).take(used).repeat()
-        return epochs.skip(first_position).take(end_position - first_position)
-    items, labels = tf.constant(split.items), tf.constant(split.labels)
-
-    def epoch_examples(epoch):
-        order = tf.data.Dataset.range(used).map(
-            lambda position: tf.random.experimental.index_shuffle(
-                position, seed=tf.stack([tf.constant(seed, tf.int64), epoch]), max_index=split.size - 1
-            )
-        )
-        return order.map(lambda index: (tf.gather(items, index), tf.gather(labels, index)))
-
-    epochs = tf.data.Dataset.range(first_position // used, -(-end_position // used))
-    examples = epochs.flat_map(epoch_examples).skip(first_position % used)
-    return examples.take(end_position - first_position)
-
-
-def training_batches(split, config, steps_per_epoch, first_step, total_steps, input_context=None):
-    """Per-replica batches of `split` for the training steps first_step .. total_steps - 1.
-
-    Global step s uses positions [s G, (s + 1) G) of the stream of epochs, G the global
-    batch; replica r takes [s G + r P, s G + (r + 1) P), P the per-replica batch. A
-    worker keeps its replicas' positions; its replicas take its batches in turn.
-    """
-    pipelines = input_context.num_input_pipelines if input_context else 1
-    pipeline = input_context.input_pipeline_id if input_context else 0
-    replicas = input_context.num_replicas_in_sync if input_context else 1
-    per_replica = config.batch_size // replicas
-    replicas_per_pipeline = replicas // pipelines
-    used = steps_per_epoch * config.batch_size
-    first_position = first_step * config.batch_size
-
-    stream = examples_from(split, config.seed, used, first_position, total_steps * config.batch_size)
-    mine = stream.enumerate(start=first_position).filter(
-        lambda position, example: (position % config.batch_size) // per_replica // replicas_per_pipeline == pipeline
-    )
-    decode = split.decode or (lambda image: tf.cast(image, tf.float32))
-    images = mine.map(lambda position, example: (decode(example[0]), example[1]), num_parallel_calls=AUTOTUNE)
-    return images.batch(per_replica, drop_remainder=True).prefetch(AUTOTUNE)
-
-
-def evaluation_batches(split, batch_size):
-    """Every example of `split` in its order, in batches of `batch_size` (the last one smaller)."""
-    if split.items is None:
-        examples = split.stream
-    else:
-        examples = tf.data.Dataset.from_tensor_slices((split.items, split.labels))
-    decode = split.decode or (lambda image: tf.cast(image, tf.float32))
-    examples = examples.map(lambda item, label: (decode(item), label), num_parallel_calls=AUTOTUNE)
-    return examples.batch(batch_size).prefetch(AUTOTUNE)
+@functools.lru_cache(maxsize=2)
+def epoch_order(size, used, seed, epoch):
+    """The indices of epoch `epoch`'s examples in their order (`example_indices`), computed once
+    an epoch: a run's batches read it in turn."""
+    order = index_shuffle(np.arange(used), (seed, epoch), size - 1)
+    order.flags.writeable = False
+    return order

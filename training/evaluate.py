@@ -77,7 +77,7 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
     flip_correct = 0
     started = time.perf_counter()
     # As NumPy, which every Keras backend takes.
-    for images, labels in data.evaluation_batches(getattr(data_set, split), batch_size).as_numpy_iterator():
+    for images, labels in data.input_pipeline(config).evaluation_arrays(getattr(data_set, split), batch_size):
         logits = np.asarray(model.predict_on_batch(images), "float32")
         predicted = np.argmax(logits, axis=-1)
         np.add.at(counts, labels, 1)

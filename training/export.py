@@ -30,7 +30,7 @@ import tensorflow as tf
 
 import keras_preact
 from keras_preact import checksums, pretrained
-from . import configs, data, files, recipe
+from . import configs, data, files, input_tensorflow, recipe
 from .serving import contract
 from .serving.contract import MODEL_NAME, Preprocessing, versions
 from .defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS, ONNX_EXTRA
@@ -42,7 +42,7 @@ assert tuple(FORMATS) == EXPORT_FORMATS
 # exported ONNX model under onnxruntime and the network: float32 rounding only.
 ONNX_TOLERANCE = 1e-4
 # How encoded images reach the network's size (`contract.CROPS`), as in training.
-CROP_FUNCTIONS = {"resize": data.resize, "central_crop": data.central_crop}
+CROP_FUNCTIONS = {"resize": input_tensorflow.resize, "central_crop": input_tensorflow.central_crop}
 
 
 def normalization_layer(preprocessing):
@@ -54,9 +54,9 @@ def normalization_layer(preprocessing):
 
 
 def decode(preprocessing, encoded):
-    """Encoded bytes -> float32 pixels (0-255) of the network's size, as `training.data`.
+    """Encoded bytes -> float32 pixels (0-255) of the network's size, as `training.input_tensorflow`.
 
-    JPEG and PNG decoders convert to `channels` themselves (`data.decode_image`); GIF and
+    JPEG and PNG decoders convert to `channels` themselves (`input_tensorflow.decode_image`); GIF and
     BMP decode to their own channels (GIF: RGB; BMP: grey, RGB or RGBA), converted here:
     alpha dropped, grey repeated to RGB, RGB to grey with `tf.image.rgb_to_grayscale`'s
     weights."""
@@ -64,7 +64,7 @@ def decode(preprocessing, encoded):
                                  tf.equal(tf.strings.substr(encoded, 0, 2), b"BM"))
     image = tf.cond(own_channels, lambda: to_channels(tf.io.decode_image(encoded, expand_animations=False),
                                                       preprocessing.channels),
-                    lambda: data.decode_image(encoded, preprocessing.channels))
+                    lambda: input_tensorflow.decode_image(encoded, preprocessing.channels))
     return tf.ensure_shape(CROP_FUNCTIONS[preprocessing.crop](image, preprocessing.image_size), preprocessing.shape)
 
 

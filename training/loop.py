@@ -1,10 +1,9 @@
-"""The training loop of `keras-preact train`, on Keras' TensorFlow or JAX backend.
+"""The training loop of `keras-preact train`, on Keras' TensorFlow, JAX or PyTorch backend.
 
-Keras 3's `model.fit` fails under `MultiWorkerMirroredStrategy` (keras-team/keras#20585);
-a step of our own, `strategy.run` over the recipe's model, optimizer and loss, runs the
-same on one device, several local devices and several machines (`TensorFlowSteps`).
-Under JAX the same step is one jitted function on one device (`JaxSteps`). Everything
-else (data, evaluation, logs, checkpoints, resuming) is one loop, `train`.
+Each backend runs the steps through its engine (`training.engines`: `tf.distribute` on
+TensorFlow, one device on JAX and PyTorch); everything else (data, evaluation, logs,
+checkpoints, resuming) is one loop, `train`. Nothing here imports TensorFlow: under JAX or
+PyTorch a run needs only NumPy and Pillow to read its images (`training.input_numpy`).
 """
 
 import csv
@@ -13,17 +12,13 @@ import hashlib
 import json
 import math
 import os
-import re
-import shutil
-import tempfile
 import time
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_preact import stacked
-from . import configs, data, files, plots, recipe
+from . import checkpoints, configs, data, engines, files, plots, recipe
 
 # test_* or validation_*: the split a run evaluates on (`Config.validation_examples`); hours: of
 # training steps, summed over the sessions of a resumed run.
@@ -42,101 +37,16 @@ AVERAGE_STATISTICS_BATCH = 256
 # The run's config as it started, beside its checkpoints: a resumed run must have the same.
 CONFIG_FILE = "config.json"
 # Fields a resumed run may change: where the data is read from, how often it is logged,
-# evaluated and checkpointed (none of them changes a weight), and which BatchNorm path runs
-# (the same computation to float rounding, with the same variables in its checkpoints).
-RESUMABLE_CHANGES = ("data_dir", "evaluate_every", "checkpoint_every", "log_every", "fused_batch_norm")
+# evaluated and checkpointed (none of them changes a weight), which BatchNorm path runs
+# (the same computation to float rounding, with the same variables in its checkpoints), and
+# which input pipeline reads the images (the same batches).
+RESUMABLE_CHANGES = ("data_dir", "evaluate_every", "checkpoint_every", "log_every", "fused_batch_norm",
+                     "input_pipeline")
+CheckpointsUnreadable = checkpoints.CheckpointsUnreadable
 
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
-
-
-class CheckpointsUnreadable(RuntimeError):
-    """A run directory holds checkpoints and none of them can be restored."""
-
-
-def configure(config):
-    """Process-wide settings; call before building anything."""
-    if config.cpu_devices > 1:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * config.cpu_devices)
-    if config.deterministic:
-        tf.config.experimental.enable_op_determinism()
-        # oneDNN's CPU kernels split their sums by thread, and Grappler rewrites a graph of
-        # two replicas differently from a graph of one: one thread per kernel and no
-        # rewrites make the arithmetic independent of how replicas are laid out over
-        # devices, processes and cores (a multi-worker run then equals the one-process run).
-        tf.config.threading.set_intra_op_parallelism_threads(1)
-        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
-    if keras.backend.backend() == "jax":
-        tf.config.set_visible_devices([], "GPU")  # TensorFlow only reads the images: the GPU is JAX's
-    keras.config.set_dtype_policy(config.precision)
-
-
-def make_strategy(config):
-    """The `tf.distribute` strategy named by `config.strategy`."""
-    if config.strategy == "default":
-        return tf.distribute.get_strategy()
-    if config.strategy == "one_device":
-        gpus = tf.config.list_logical_devices("GPU")
-        return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
-    if config.strategy == "mirrored":
-        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
-        return tf.distribute.MirroredStrategy([device.name for device in devices])
-    if config.strategy == "multi_worker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
-    tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
-    return tf.distribute.TPUStrategy(resolver)
-
-
-def is_chief(strategy):
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.task_type:
-        return True
-    return resolver.task_type == "chief" or (resolver.task_type == "worker" and resolver.task_id == 0)
-
-
-def batch_norm_layers(model):
-    """Every BatchNormalization layer of `model`, the units' included, stacked ones too."""
-    return [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
-
-
-def synchronize_batch_norm(model):
-    """BatchNorm statistics over all replicas instead of per replica (read at call time)."""
-    for layer in batch_norm_layers(model):
-        layer.synchronized = True
-
-
-def replica_step_function(model, optimizer, global_batch_size, per_example_loss, xla=False):
-    """One replica's training step, `(images, labels) -> (mean loss, correct answers)`:
-    the loss averaged over the global batch, the model's own losses (if any: the recipe's
-    optimizer takes the weight decay over, `recipe.CoupledSGD`), gradients, update.
-
-    Run it under `strategy.run` inside a `tf.function`; `xla` compiles the gradient
-    computation (XLA cannot compile the optimizer's cross-replica update).
-    """
-
-    def gradients(images, labels):
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            loss = tf.nn.compute_average_loss(per_example_loss(labels, logits), global_batch_size=global_batch_size)
-            own_losses = model.losses
-            total = loss + tf.nn.scale_regularization_loss(tf.add_n(own_losses)) if own_losses else loss
-            scaled = optimizer.scale_loss(total)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32))
-        return tape.gradient(scaled, model.trainable_variables), loss, correct
-
-    if xla:
-        gradients = tf.function(gradients, jit_compile=True)
-
-    def replica_step(images, labels):
-        grads, loss, correct = gradients(images, labels)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss, correct
-
-    return replica_step
 
 
 def train(config, run_dir, verbose=True, command=None, allow_config_changes=False):
@@ -144,8 +54,9 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     (`command`, the command line that runs it, is recorded there).
 
     Under Keras' TensorFlow backend the steps run under the `tf.distribute` strategy of
-    `config.strategy` (`TensorFlowSteps`); under JAX, on one device (`JaxSteps`). Both write
-    the same checkpoints, so a run started under one backend resumes under the other.
+    `config.strategy` (`engines.TensorFlowSteps`); under JAX and PyTorch, on one device
+    (`engines.JaxSteps`, `engines.TorchSteps`). All write the same checkpoints
+    (`training.checkpoints`), so a run started under one backend resumes under another.
 
     A run records its config in `run_dir/config.json` when it starts; a resumed run whose
     config differs from it in a field outside `RESUMABLE_CHANGES` is refused, unless
@@ -157,7 +68,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
             cannot be made, if the run resumed was started with other settings, or if the
             backend cannot run `config.strategy`.
     """
-    steps = JaxSteps(config) if keras.backend.backend() == "jax" else TensorFlowSteps(config)
+    steps = engines.for_backend(config)
     if steps.chief:
         files.make_directory(run_dir, "run folder")
         check_resumed_config(config, run_dir, allow_config_changes, verbose)
@@ -168,13 +79,14 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     model, optimizer = steps.build(dataset, steps_per_epoch)
     learning_rates = recipe.schedule(config, steps_per_epoch)
 
-    # Every worker saves (saving is collective); only the chief's copy is kept.
-    checkpoint_dir = os.path.join(run_dir, "checkpoints") if steps.chief else tempfile.mkdtemp()
-    manager = tf.train.CheckpointManager(steps.checkpoint, checkpoint_dir, max_to_keep=3)
-    restored = restore_newest_intact(steps.checkpoint, checkpoint_dir, verbose=steps.chief and verbose)
-    steps.restored()
+    # Every worker restores; the chief alone saves.
+    checkpoint_dir = os.path.join(run_dir, "checkpoints")
+    restored = checkpoints.restore_newest_intact(checkpoint_dir, model, optimizer, verbose=steps.chief and verbose)
+    latest_checkpoint = restored
+    steps.loaded()
     first_step = int(keras.ops.convert_to_numpy(optimizer.iterations))
     per_example_loss = recipe.loss(reduction=None)
+    pipeline = data.input_pipeline(config)
 
     # A run with a validation split never reads the test set.
     evaluated_on = "test" if dataset.validation is None else "validation"
@@ -186,7 +98,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
         steps.synchronize()
         trained = use_average() if config.average_momentum else []
         losses, correct, count = 0.0, 0, 0
-        for images, labels in data.evaluation_batches(evaluation_split, EVALUATION_BATCH):
+        for images, labels in pipeline.evaluation_arrays(evaluation_split, EVALUATION_BATCH):
             logits = keras.ops.cast(steps.predict(images), "float32")
             labels = np.asarray(labels)
             losses += float(keras.ops.sum(per_example_loss(labels, logits)))
@@ -201,7 +113,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
         (`average_statistics`); returns the values of every variable before, to put back."""
         trained = [np.array(variable) for variable in model.variables]
         optimizer.finalize_variable_values(model.trainable_variables)
-        average_statistics(model, dataset.train)
+        average_statistics(model, dataset.train, pipeline)
         return trained
 
     log = TrainingLog(run_dir, first_step, steps.chief)
@@ -222,7 +134,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
         if not math.isfinite(loss):
             raise TrainingDiverged(
                 f"Training stopped at step {step}: the loss is {loss}. The last checkpoint "
-                f"({manager.latest_checkpoint or 'none'}) is kept; lower the learning rate "
+                f"({latest_checkpoint or 'none'}) is kept; lower the learning rate "
                 f"(--set learning_rate=...) or check the data, then run the same command again."
             )
         window_loss, window_correct, window_steps = window_loss + loss, window_correct + correct, window_steps + 1
@@ -241,12 +153,10 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
             window_loss, window_correct, window_seconds, window_steps = 0.0, 0.0, 0.0, 0
         if step % config.checkpoint_every == 0 or step == total_steps:
             steps.synchronize()
-            steps.saving()
-            manager.save(checkpoint_number=step)
+            if steps.chief:
+                latest_checkpoint = checkpoints.save(checkpoint_dir, step, checkpoints.state(model, optimizer))
         progress.update(step, values)
 
-    if not steps.chief:
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)
     if error is None:
         _, error = evaluate()
     steps.synchronize()
@@ -262,200 +172,22 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     return summary
 
 
-class TensorFlowSteps:
-    """Training steps under the `tf.distribute` strategy of `config.strategy`: the model and
-    the optimizer built in its scope, one `strategy.run` of `replica_step_function` a step,
-    Keras' variables holding the network throughout.
-
-    Raises:
-        ValueError: if the batch size does not divide over the strategy's replicas.
-    """
-
-    def __init__(self, config):
-        self.config = config
-        self.strategy = make_strategy(config)
-        self.replicas = self.strategy.num_replicas_in_sync
-        if config.batch_size % self.replicas:
-            raise ValueError(f"batch_size must be divisible by the number of replicas ({self.replicas}). "
-                             f"Received: batch_size={config.batch_size}")
-        self.chief = is_chief(self.strategy)
-
-    def build(self, dataset, steps_per_epoch):
-        """The training model and its optimizer; sets `checkpoint`, their variables by name."""
-        config, strategy = self.config, self.strategy
-        with strategy.scope():
-            model = recipe.training_model(config, dataset.image_shape, len(dataset.class_names), seed=config.seed)
-            if config.synchronized_batch_norm:
-                synchronize_batch_norm(model)
-            optimizer = recipe.optimizer(config, steps_per_epoch, model)
-            optimizer.build(model.trainable_variables)
-            self.checkpoint = training_state(model, optimizer)
-        replica_step = replica_step_function(model, optimizer, config.batch_size,
-                                             recipe.loss(config.label_smoothing, reduction=None), config.xla)
-
-        @tf.function
-        def train_step(iterator):
-            loss, correct = strategy.run(replica_step, args=next(iterator))
-            return strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", correct, axis=None)
-
-        moving_statistics = stacked.moving_statistics(model)
-
-        @tf.function
-        def average_moving_statistics():
-            local_values = strategy.run(lambda: [tf.identity(variable) for variable in moving_statistics])
-            for variable, values in zip(moving_statistics, local_values):
-                variable.assign(strategy.reduce("MEAN", values, axis=None))
-
-        self.train_step, self.average_moving_statistics = train_step, average_moving_statistics
-        self.predict = tf.function(lambda images: model(images, training=False))
-        return model, optimizer
-
-    def restored(self):
-        """After the checkpoint is restored (or not): nothing to do, it restores Keras' variables."""
-
-    def start(self, split, steps_per_epoch, first_step, total_steps):
-        """Begins reading the training batches of steps first_step + 1 .. total_steps."""
-        self.iterator = iter(self.strategy.distribute_datasets_from_function(
-            lambda context: data.training_batches(split, self.config, steps_per_epoch, first_step, total_steps, context)
-        ))
-
-    def step(self):
-        """One training step: (loss, correct answers) of its batch."""
-        loss, correct = self.train_step(self.iterator)
-        return float(loss), float(correct)
-
-    def synchronize(self):
-        """Per-replica BatchNorm keeps per-replica moving averages: averages them, so that every
-        replica and worker evaluates and saves the same network."""
-        if self.replicas > 1:
-            self.average_moving_statistics()
-
-    def saving(self):
-        """Before a checkpoint: nothing to do, it saves Keras' variables."""
-
-
-class JaxSteps:
-    """Training steps under JAX on one device: one jitted function of the network's and the
-    optimizer's values (Keras' stateless API: `Model.stateless_call`, `Optimizer.stateless_apply`),
-    the same computation as `replica_step_function`'s with one replica. The values go back into
-    Keras' variables for evaluation and for checkpoints: `training_state`'s, the variables by
-    name in TensorFlow's format, written and read through TensorFlow copies of them (`saving`,
-    `restored`).
-
-    Raises:
-        ValueError: if `config.strategy` needs `tf.distribute` (mirrored, multi_worker, tpu).
-    """
-
-    chief = True
-    # Integers are 64-bit in a checkpoint, as TensorFlow keeps them, so that either backend
-    # resumes a run of the other: JAX (without x64) keeps the optimizer's step count as int32
-    # and Keras' seed generators their state as uint32.
-    CHECKPOINT_DTYPES = {"int32": "int64", "uint32": "int64"}
-
-    def __init__(self, config):
-        if config.strategy not in ("default", "one_device"):
-            raise ValueError(
-                "Under KERAS_BACKEND=jax, keras-preact train runs on one device (strategy 'default' or "
-                f"'one_device'). Received: strategy={config.strategy!r}. Train on several devices under "
-                "Keras' TensorFlow backend (tf.distribute), or on one.")
-        self.config = config
-
-    def build(self, dataset, steps_per_epoch):
-        import jax
-        import jax.numpy as jnp
-
-        config = self.config
-        model = recipe.training_model(config, dataset.image_shape, len(dataset.class_names), seed=config.seed)
-        optimizer = recipe.optimizer(config, steps_per_epoch, model)
-        optimizer.build(model.trainable_variables)
-        per_example_loss = recipe.loss(config.label_smoothing, reduction=None)
-
-        def loss_and_updates(trainable, non_trainable, optimizer_values, images, labels):
-            logits, non_trainable, own_losses = model.stateless_call(
-                trainable, non_trainable, images, training=True, return_losses=True)
-            loss = jnp.mean(per_example_loss(labels, logits))
-            total = loss + sum(own_losses) if own_losses else loss
-            with keras.StatelessScope(state_mapping=list(zip(optimizer.variables, optimizer_values))):
-                scaled = optimizer.scale_loss(total)
-            return scaled, (loss, logits, non_trainable)
-
-        gradients = jax.value_and_grad(loss_and_updates, has_aux=True)
-
-        def train_step(state, images, labels):
-            trainable, non_trainable, optimizer_values = state
-            (_, (loss, logits, non_trainable)), grads = gradients(trainable, non_trainable, optimizer_values,
-                                                                  images, labels)
-            trainable, optimizer_values = optimizer.stateless_apply(optimizer_values, grads, trainable)
-            correct = jnp.sum(jnp.argmax(logits, -1) == labels)
-            return loss, correct, (trainable, non_trainable, optimizer_values)
-
-        def predict(trainable, non_trainable, images):
-            return model.stateless_call(trainable, non_trainable, images, training=False)[0]
-
-        self.train_step, self.predict_values = jax.jit(train_step), jax.jit(predict)
-        self.variables = model.trainable_variables, model.non_trainable_variables, optimizer.variables
-        keyed = {"model": _by_name(model.variables), "optimizer": _by_name(optimizer.variables)}
-        self.copies = {part: {key: tf.Variable(self._to_checkpoint(value), trainable=False)
-                              for key, value in values.items()} for part, values in keyed.items()}
-        self.originals = {part: dict(zip(self.copies[part], variables))
-                          for part, variables in (("model", model.variables), ("optimizer", optimizer.variables))}
-        self.checkpoint = tf.train.Checkpoint(**self.copies)
-        return model, optimizer
-
-    def _to_checkpoint(self, value):
-        value = np.asarray(value)
-        return value.astype(self.CHECKPOINT_DTYPES.get(value.dtype.name, value.dtype))
-
-    def restored(self):
-        """Puts the restored copies into Keras' variables and takes the state of the steps from them."""
-        for part, copies in self.copies.items():
-            for key, copy in copies.items():
-                original = self.originals[part][key]
-                original.assign(copy.numpy().astype(original.dtype))
-        self.state = tuple([variable.value for variable in variables] for variables in self.variables)
-
-    def saving(self):
-        """Before a checkpoint: copies Keras' variables (`synchronize`d) into the checkpoint's."""
-        for part, copies in self.copies.items():
-            for key, copy in copies.items():
-                copy.assign(self._to_checkpoint(self.originals[part][key].value))
-
-    def start(self, split, steps_per_epoch, first_step, total_steps):
-        """Begins reading the training batches of steps first_step + 1 .. total_steps, as arrays."""
-        self.batches = data.training_batches(split, self.config, steps_per_epoch, first_step,
-                                             total_steps).as_numpy_iterator()
-
-    def step(self):
-        """One training step: (loss, correct answers) of its batch."""
-        images, labels = next(self.batches)
-        loss, correct, self.state = self.train_step(self.state, images, labels)
-        return float(loss), float(correct)
-
-    def synchronize(self):
-        """Puts the steps' state into Keras' variables: the network evaluated, averaged or saved."""
-        for variables, values in zip(self.variables, self.state):
-            for variable, value in zip(variables, values):
-                variable.assign(value)
-
-    def predict(self, images):
-        """Logits of the network in Keras' variables (`synchronize`d, or the weights' average)."""
-        trainable, non_trainable = self.variables[:2]
-        return self.predict_values([variable.value for variable in trainable],
-                                   [variable.value for variable in non_trainable], np.asarray(images))
-
-
-def average_statistics(model, split, images=AVERAGE_STATISTICS_IMAGES, batch_size=AVERAGE_STATISTICS_BATCH):
+def average_statistics(model, split, pipeline=None, images=AVERAGE_STATISTICS_IMAGES,
+                       batch_size=AVERAGE_STATISTICS_BATCH):
     """Sets the moving statistics of every BatchNorm of `model` to the mean of its batch
     statistics over `images` of `split` (a fixed random sample in a random order, so that
     every batch mixes the classes), in training mode: BatchNorm statistics of the weights
     `model` holds. Each call k (from 0) runs with momentum k / (k + 1), so the moving
     statistic after it is the mean of the k + 1 batches' (the unbiased variances, as in
-    training)."""
+    training). `pipeline` reads the split (`data.input_pipeline`; None: `input_numpy`, for
+    splits of pixels or files)."""
+    if pipeline is None:
+        from . import input_numpy as pipeline
     norms = [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
     momenta = [norm.momentum for norm in norms]
     try:
         sample = data.subset(split, images, seed=0, shuffled=True)
-        for index, (batch, _) in enumerate(data.evaluation_batches(sample, batch_size)):
+        for index, (batch, _) in enumerate(pipeline.evaluation_arrays(sample, batch_size)):
             for norm in norms:
                 norm.momentum = index / (index + 1)
             model(batch, training=True)  # eagerly: each call reads the momentum it is given
@@ -473,9 +205,9 @@ def check_resumed_config(config, run_dir, allow_changes=False, verbose=True):
             `RESUMABLE_CHANGES` differs and not `allow_changes`.
     """
     path = os.path.join(run_dir, CONFIG_FILE)
-    checkpoints = os.path.join(run_dir, "checkpoints")
+    checkpoint_dir = os.path.join(run_dir, "checkpoints")
     now = json.loads(json.dumps(dataclasses.asdict(config)))  # tuples as JSON lists, as recorded
-    if os.path.exists(path) and os.path.isdir(checkpoints) and os.listdir(checkpoints):
+    if os.path.exists(path) and os.path.isdir(checkpoint_dir) and os.listdir(checkpoint_dir):
         recorded = files.read_json(path, "move the run folder away to train from the start")
         # A field added to Config since the run started was its default then.
         defaults = json.loads(json.dumps(dataclasses.asdict(configs.Config())))
@@ -494,41 +226,6 @@ def check_resumed_config(config, run_dir, allow_changes=False, verbose=True):
         json.dump(now, file, indent=2)
 
 
-def restore_newest_intact(checkpoint, checkpoint_dir, verbose=True):
-    """Restores the newest checkpoint of `checkpoint_dir` that reads back whole; returns its
-    path, or None where there is none (a new run).
-
-    The checkpoints are found from their files (`ckpt-<step>.index`), not from the
-    `checkpoint` index file, which a crash or a careless edit can leave wrong. A truncated
-    or deleted newest checkpoint is skipped with a message, and the one before it is used:
-    the steps since are trained again, nothing else is lost.
-
-    Raises:
-        CheckpointsUnreadable: if there are checkpoints and none of them can be restored.
-    """
-    steps = sorted((int(match.group(1)) for match in (re.fullmatch(r"ckpt-(\d+)\.index", name)
-                                                       for name in (os.listdir(checkpoint_dir)
-                                                                    if os.path.isdir(checkpoint_dir) else []))
-                    if match), reverse=True)
-    failures = []
-    for step in steps:
-        path = os.path.join(checkpoint_dir, f"ckpt-{step}")
-        try:
-            checkpoint.restore(path).assert_consumed()
-        except Exception as error:  # noqa: BLE001  (TensorFlow reports a damaged file as OpError, IndexError, ...)
-            failures.append(f"{path}: {str(error).splitlines()[0][:200]}")
-            if verbose:
-                print(f"Checkpoint {path} cannot be restored ({failures[-1]}); trying the one before it.")
-            continue
-        return path
-    if failures:
-        raise CheckpointsUnreadable(
-            f"No checkpoint in {checkpoint_dir} can be restored (truncated or corrupt files): "
-            + "; ".join(failures) + ". Move the run directory away to train from the start."
-        )
-    return None
-
-
 def weights_digest(model):
     """SHA-256 of every weight's bytes: equal digests, bitwise equal networks."""
     digest = hashlib.sha256()
@@ -537,25 +234,9 @@ def weights_digest(model):
     return digest.hexdigest()
 
 
-def training_state(model, optimizer):
-    """A checkpoint of every variable of the model and the optimizer, by name.
-
-    `model.variables`, not `model.weights`: the augmentation's random state is a
-    variable but not a weight, and a resumed run must draw the same crops and flips.
-    With BatchNorm's moving statistics and every optimizer variable (step count,
-    momentum). TF's object-graph tracking of a Keras 3 model misses sublayers kept in
-    lists (the units' convolutions and BatchNorms), so the variables are listed here.
-    """
-    return tf.train.Checkpoint(model=_by_name(model.variables), optimizer=_by_name(optimizer.variables))
-
-
-def _by_name(variables):
-    # Paths need not be unique (every seed generator's is "seed_generator/..."): number them.
-    return {f"{index}:{variable.path.replace('/', '.')}": variable.value for index, variable in enumerate(variables)}
-
-
 class TrainingLog:
-    """The CSV log, TensorBoard summaries, the plot and the summary of a run (chief only)."""
+    """The CSV log, TensorBoard summaries (where TensorFlow is installed), the plot and the
+    summary of a run (chief only)."""
 
     def __init__(self, run_dir, first_step, chief):
         self.run_dir, self.chief = run_dir, chief
@@ -574,17 +255,24 @@ class TrainingLog:
             writer = csv.DictWriter(file, CSV_FIELDS)
             writer.writeheader()
             writer.writerows(rows)
-        self.writer = tf.summary.create_file_writer(os.path.join(run_dir, "tensorboard"))
+        self.writer = None
+        if data.tensorflow_installed():
+            import tensorflow as tf
+
+            self.summary = tf.summary
+            self.writer = tf.summary.create_file_writer(os.path.join(run_dir, "tensorboard"))
 
     def write(self, row):
         if not self.chief:
             return
         with open(self.csv_path, "a", newline="") as file:
             csv.DictWriter(file, CSV_FIELDS).writerow(row)
+        if self.writer is None:
+            return
         with self.writer.as_default(step=row["step"]):
             for name, value in row.items():
                 if name not in ("step", "epoch"):
-                    tf.summary.scalar(name, value)
+                    self.summary.scalar(name, value)
         self.writer.flush()
 
     def finish(self, config, dataset, model, evaluated_on, error, training_seconds, total_steps, command=None):

@@ -26,7 +26,7 @@ import keras_tuner
 import numpy as np
 import tensorflow as tf
 
-from . import ablation, configs, data, loop, recipe
+from . import ablation, configs, data, engines, input_tensorflow, loop, recipe
 from .defaults import DEFAULT_VALIDATION_EXAMPLES, GATINGS
 
 # b_g from 0 to -10 in steps of -1 (paper, Section 3.1).
@@ -49,7 +49,7 @@ class ClassificationError(keras.metrics.SparseCategoricalAccuracy):
 
 def in_memory(split):
     """A split's decoded images (float32, 0-255) and labels as arrays."""
-    images, labels = zip(*[(image.numpy(), label.numpy()) for image, label in data.evaluation_batches(split, 500)])
+    images, labels = zip(*input_tensorflow.evaluation_arrays(split, 500))
     return np.concatenate(images), np.concatenate(labels)
 
 
@@ -160,7 +160,7 @@ def search(config, output, gatings=GATINGS, tuner="grid", trials=None, validatio
     validation = images[validation_indices], labels[validation_indices]
     hypermodel = GateBiasHyperModel(config, dataset.image_shape, len(dataset.class_names), len(training_indices),
                                     gatings, rounds)
-    strategy = None if config.strategy == "default" else loop.make_strategy(config)
+    strategy = None if config.strategy == "default" else engines.make_strategy(config)
     if strategy and verbose:
         print(f"Each trial runs under {type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas.")
     searcher = TUNERS[tuner](

@@ -1,0 +1,229 @@
+"""The tf.data input pipeline: the splits of `training.data` decoded with TensorFlow, in the
+order of `training.data.example_indices`, sharded over replicas and workers, batched.
+
+The default where TensorFlow is installed, and the pipeline of `tf.distribute`
+(`engines.TensorFlowSteps`); `input_numpy` gives the same batches without TensorFlow.
+"""
+
+
+import numpy as np
+import tensorflow as tf
+
+from . import data
+from .serving import contract
+
+# Where a pipeline's decoding runs in parallel; tf.data picks the degree.
+AUTOTUNE = tf.data.AUTOTUNE
+# tensorflow-datasets splits up to this size are held in memory as encoded images and
+# indexed like arrays (CIFAR's 50,000 PNGs: about 150 MB); larger ones (ImageNet) are
+# streamed through a shuffle buffer of STREAM_SHUFFLE_BUFFER records.
+IN_MEMORY_EXAMPLES = 100_000
+STREAM_SHUFFLE_BUFFER = 20_000
+
+
+def prepare(split, name):
+    """`split` as this pipeline reads it: itself, once every file it names has been decoded
+    (about 10 s for CIFAR-10's 60,000 JPEGs on 2 cores), so that a truncated or corrupt
+    image is an error that names it before training, not a traceback of the pipeline.
+
+    Raises:
+        ValueError: naming the files of `split` (`name`: "train", "test", ...) that do not decode.
+    """
+    data.raise_for_unreadable(unreadable_files(split), name)
+    return split
+
+
+def unreadable_files(split, limit=data.UNREADABLE_LISTED):
+    """Up to `limit` files of an image-folder split that do not decode as images
+    (truncated, corrupt, or not an image at all); [] for splits held in memory."""
+    if not data.holds_files(split):
+        return []
+    unreadable = []
+    for path in split.items:
+        try:
+            decode_image(tf.io.read_file(path), 3)
+        except tf.errors.OpError:
+            unreadable.append(str(path))
+            if len(unreadable) == limit:
+                break
+    return unreadable
+
+
+def decode_image(encoded, channels):
+    """Encoded JPEG, PNG, GIF or BMP bytes -> uint8 pixels [height, width, channels].
+
+    JPEGs are decoded with libjpeg's accurate integer DCT (`dct_method="INTEGER_ACCURATE"`,
+    libjpeg's own default and Pillow's), where `tf.io.decode_image` uses the fast one,
+    which is up to 5 levels off: training, evaluation, the SavedModel and the onnxruntime
+    server (Pillow) then see the same pixels."""
+    jpeg = tf.equal(tf.strings.substr(encoded, 0, 3), b"\xff\xd8\xff")  # the JPEG signature
+    return tf.cond(jpeg, lambda: tf.io.decode_jpeg(encoded, channels, dct_method="INTEGER_ACCURATE"),
+                   lambda: tf.io.decode_image(encoded, channels, expand_animations=False))
+
+
+def decode_file(image_size):
+    def decode(path):
+        image = decode_image(tf.io.read_file(path), 3)
+        return resize(image, image_size)
+
+    return decode
+
+
+def resize(image, image_size):
+    """`image` at image_size x image_size: unchanged if it already is, else resized."""
+    shape = tf.shape(image)
+    same = tf.logical_and(tf.equal(shape[0], image_size), tf.equal(shape[1], image_size))
+    resized = tf.cond(
+        same, lambda: tf.cast(image, tf.float32), lambda: tf.image.resize(image, (image_size, image_size))
+    )
+    return tf.ensure_shape(resized, (image_size, image_size, None))
+
+
+def tfds_dataset(config):
+    """CIFAR-10, CIFAR-100 or ImageNet through tensorflow-datasets.
+
+    Downloads where the network allows it and nothing is prepared in `data_dir`;
+    ImageNet needs its archives in `data_dir/downloads/manual` (tensorflow-datasets'
+    manual download). Records are read in a fixed order and kept encoded: splits of up
+    to IN_MEMORY_EXAMPLES are held in memory and indexed like arrays, larger ones are
+    streamed. Images are decoded after shuffling and sharding.
+    """
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder(config.dataset, data_dir=config.data_dir)
+    try:
+        builder.download_and_prepare()
+    except Exception as error:
+        raise FileNotFoundError(
+            f"Could not find or prepare {config.dataset!r} in {builder.data_dir}: {error}. Download it on a machine "
+            "with internet access (python -m tensorflow_datasets.scripts.download_and_prepare "
+            f"--datasets={config.dataset}) and pass its data directory with --data-dir."
+        ) from error
+    image_feature = builder.info.features["image"]
+    splits = {}
+    for name, split in (("train", "train"), ("test", "test" if "test" in builder.info.splits else "validation")):
+        stream = builder.as_dataset(
+            split=split, shuffle_files=False, as_supervised=True, decoders={"image": tfds.decode.SkipDecoding()}
+        )
+        decode = decoder(config, image_feature, training=name == "train")
+        size = builder.info.splits[split].num_examples
+        if size <= IN_MEMORY_EXAMPLES:
+            encoded, labels = zip(*stream.as_numpy_iterator())
+            splits[name] = data.Split(items=np.array(encoded, dtype=object), labels=np.array(labels, "int64"),
+                                      decode=decode)
+        else:
+            splits[name] = data.Split(stream=stream, size=size, decode=decode)
+    class_names = builder.info.features["label"].names
+    return data.DataSet(splits["train"], splits["test"], class_names, (config.image_size, config.image_size, 3))
+
+
+def decoder(config, image_feature, training):
+    """Encoded image -> float image of image_size: ImageNet's random-resized crop (training)
+    or central crop (evaluation); other data sets resized only where their size differs."""
+    if config.dataset != "imagenet2012":
+        crop = resize
+    else:
+        crop = random_resized_crop if training else central_crop
+    return lambda encoded: crop(image_feature.decode_example(encoded), config.image_size)
+
+
+# Scale augmentation of fb.resnet.torch ("Inception-style", as the paper's best
+# ResNet-200 result uses): a crop of 8 %-100 % of the area with aspect ratio 3/4-4/3.
+CROP_AREA = (0.08, 1.0)
+CROP_ASPECT_RATIO = (3 / 4, 4 / 3)
+
+
+def random_resized_crop(image, image_size):
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        tf.shape(image), tf.zeros((1, 0, 4)), area_range=CROP_AREA, aspect_ratio_range=CROP_ASPECT_RATIO,
+        max_attempts=10, use_image_if_no_bounding_boxes=True,
+    )
+    return tf.image.resize(tf.slice(image, begin, size), (image_size, image_size))
+
+
+def central_crop(image, image_size):
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    scale = image_size * contract.RESIZE_RATIO / tf.reduce_min(shape)
+    resized = tf.image.resize(image, tf.cast(tf.round(shape * scale), tf.int32))
+    return tf.image.resize_with_crop_or_pad(resized, image_size, image_size)
+
+
+def examples_from(split, seed, used, first_position, end_position):
+    """(item, label) at positions first_position .. end_position - 1 of the stream of epochs.
+
+    Each epoch is the first `used` examples of a permutation of the split: for indexed
+    data a stateless index shuffle of (seed, epoch), which a resumed run skips into
+    without reading what it skips; for a stream a seeded shuffle buffer, reshuffled each
+    epoch, which a resumed run reads (without decoding) up to its position.
+    """
+    if split.items is None:
+        epochs = split.stream.shuffle(STREAM_SHUFFLE_BUFFER, seed=seed).take(used).repeat()
+        return epochs.skip(first_position).take(end_position - first_position)
+    items, labels = tf.constant(split.items), tf.constant(split.labels)
+
+    def epoch_examples(epoch):
+        order = tf.data.Dataset.range(used).map(
+            lambda position: tf.random.experimental.index_shuffle(
+                position, seed=tf.stack([tf.constant(seed, tf.int64), epoch]), max_index=split.size - 1
+            )
+        )
+        return order.map(lambda index: (tf.gather(items, index), tf.gather(labels, index)))
+
+    epochs = tf.data.Dataset.range(first_position // used, -(-end_position // used))
+    examples = epochs.flat_map(epoch_examples).skip(first_position % used)
+    return examples.take(end_position - first_position)
+
+
+def decoding(split):
+    """The split's item -> float32 image: its own `decode` (tensorflow-datasets'), a file's
+    decoding at the split's `image_size`, or pixels cast."""
+    if split.decode is not None:
+        return split.decode
+    if data.holds_files(split):
+        return decode_file(split.image_size)
+    return lambda image: tf.cast(image, tf.float32)
+
+
+def training_batches(split, config, steps_per_epoch, first_step, total_steps, input_context=None):
+    """Per-replica batches of `split` for the training steps first_step .. total_steps - 1.
+
+    Global step s uses positions [s G, (s + 1) G) of the stream of epochs, G the global
+    batch; replica r takes [s G + r P, s G + (r + 1) P), P the per-replica batch. A
+    worker keeps its replicas' positions; its replicas take its batches in turn.
+    """
+    pipelines = input_context.num_input_pipelines if input_context else 1
+    pipeline = input_context.input_pipeline_id if input_context else 0
+    replicas = input_context.num_replicas_in_sync if input_context else 1
+    per_replica = config.batch_size // replicas
+    replicas_per_pipeline = replicas // pipelines
+    used = steps_per_epoch * config.batch_size
+    first_position = first_step * config.batch_size
+
+    stream = examples_from(split, config.seed, used, first_position, total_steps * config.batch_size)
+    mine = stream.enumerate(start=first_position).filter(
+        lambda position, example: (position % config.batch_size) // per_replica // replicas_per_pipeline == pipeline
+    )
+    decode = decoding(split)
+    images = mine.map(lambda position, example: (decode(example[0]), example[1]), num_parallel_calls=AUTOTUNE)
+    return images.batch(per_replica, drop_remainder=True).prefetch(AUTOTUNE)
+
+
+def evaluation_batches(split, batch_size):
+    """Every example of `split` in its order, in batches of `batch_size` (the last one smaller)."""
+    if split.items is None:
+        examples = split.stream
+    else:
+        examples = tf.data.Dataset.from_tensor_slices((split.items, split.labels))
+    decode = decoding(split)
+    examples = examples.map(lambda item, label: (decode(item), label), num_parallel_calls=AUTOTUNE)
+    return examples.batch(batch_size).prefetch(AUTOTUNE)
+
+
+def training_arrays(split, config, steps_per_epoch, first_step, total_steps):
+    """`training_batches` on one replica, as NumPy (images float32, labels int64)."""
+    return training_batches(split, config, steps_per_epoch, first_step, total_steps).as_numpy_iterator()
+
+
+def evaluation_arrays(split, batch_size):
+    """`evaluation_batches` as NumPy (images float32, labels int64)."""
+    return evaluation_batches(split, batch_size).as_numpy_iterator()

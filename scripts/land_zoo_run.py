@@ -1,4 +1,4 @@
-"""Lands a finished zoo run (issue 26): the network, its registry entry, curves, logs and table rows together.
+"""Lands a finished zoo run: the network, its registry entry, curves, logs and table rows together.
 
     python scripts/land_zoo_run.py ~/.cache/keras-preact/runs/zoo-resnet20 --name resnet20 --images-per-second 690
 
@@ -58,8 +58,10 @@ def main():
     parser.add_argument("--name", required=True, help="the network, e.g. resnet20 or resnet56_original")
     parser.add_argument("--images-per-second", type=float, required=True,
                         help="its training rate measured alone (bench/training_throughput.py --config cifar10_zoo)")
+    parser.add_argument("--data-dir", help="CIFAR-10 here, where the run trained elsewhere (default: the run's own)")
     arguments = parser.parse_args()
-    entry = zoo.publish(arguments.run_dir, arguments.name, images_per_second=arguments.images_per_second)
+    entry = zoo.publish(arguments.run_dir, arguments.name, arguments.data_dir,
+                        images_per_second=arguments.images_per_second)
     curves = f"zoo_{arguments.name}_curves.png"
     draw_curves(arguments.run_dir, arguments.name, os.path.join(ROOT, "docs", curves))
     logs = os.path.join(ROOT, "docs", "runs", f"zoo-{arguments.name}")

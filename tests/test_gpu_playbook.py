@@ -1,0 +1,142 @@
+"""scripts/gpu_playbook.py and scripts/zoo_queue.sh, on this machine's CPU: the queue file both
+read, and a run the playbook packs, starts, stops, bundles and lands, then resumed by
+`keras-preact train` from the landed checkpoint to the weights of an uninterrupted run."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import tarfile
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import KERAS_PREACT
+
+pytestmark = pytest.mark.commands
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPECIFICATION = importlib.util.spec_from_file_location("gpu_playbook", os.path.join(ROOT, "scripts", "gpu_playbook.py"))
+playbook = importlib.util.module_from_spec(SPECIFICATION)
+SPECIFICATION.loader.exec_module(playbook)
+
+# Two epochs of 22 steps of the digits, checkpointed every 5 steps (as the zoo's runs every epoch).
+ARGUMENTS = ["--config", "digits_demo", "--set", "duration=2", "--set", "checkpoint_every=5", "--set",
+             "evaluate_every=20", "--set", "log_every=1"]
+
+
+def test_the_queue_is_read_in_order():
+    gpu = [name for name, _ in playbook.queue("gpu")]
+    cpu = [name for name, _ in playbook.queue("cpu")]
+    assert cpu == [name for name in gpu if name.startswith("zoo-")] and cpu[:2] == ["zoo-resnet110", "zoo-resnet164"]
+    assert dict(playbook.queue("gpu"))["paper-resnet164"] == ["--config", "cifar10_paper", "--model", "resnet164",
+                                                              "--set", "dataset=folder"]
+
+
+def test_the_cpu_queue_runs_its_entries_in_order(tmp_path):
+    """scripts/zoo_queue.sh with a Python that records its arguments and finishes each run:
+    every "cpu" run of scripts/queue.txt once, in order, with the data and run folders."""
+    recorder = tmp_path / "python"
+    recorder.write_text("#!/bin/sh\necho \"$@\" >> \"$RUNS/calls\"\nfor last; do :; done\n"
+                        "echo {} > \"$last/summary.json\"\n")
+    recorder.chmod(0o755)
+    environment = dict(os.environ, RUNS=str(tmp_path / "runs"), DATA="/data", PYTHON=str(recorder))
+    (tmp_path / "runs" / "zoo-resnet110").mkdir(parents=True)
+    (tmp_path / "runs" / "zoo-resnet110" / "summary.json").write_text("{}")  # finished: skipped
+    subprocess.run([os.path.join(ROOT, "scripts", "zoo_queue.sh")], env=environment, check=True, timeout=60)
+    calls = (tmp_path / "runs" / "calls").read_text().splitlines()
+    expected = [f"-m training train {' '.join(arguments)} --data-dir /data --run-dir {tmp_path / 'runs' / name}"
+                for name, arguments in playbook.queue("cpu")[1:]]
+    assert calls == expected
+
+
+ENVIRONMENT = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def test_the_runs_start_in_the_queues_order_as_many_at_once_as_asked(tmp_path, monkeypatch):
+    """Runs that stop at once (an unknown config): the first, then, once it has stopped, the second."""
+    monkeypatch.setattr(playbook, "REPORT_SECONDS", 0.2)
+    entries = [(name, ["--config", "no_such_config"]) for name in ("first", "second")]
+    device = tmp_path / "device"
+    playbook.start(0, str(tmp_path / "out"), device_root=str(device), entries=entries, packed=str(tmp_path / "pack"),
+                   concurrent=1)
+    started = json.loads((device / "runs" / "processes.json").read_text())
+    assert list(started) == ["first"]
+    playbook.collect(2, str(tmp_path / "out"), device_root=str(device), entries=entries)
+    assert list(json.loads((device / "runs" / "processes.json").read_text())) == ["first", "second"]
+    assert "error: Unknown config" in (device / "runs" / "second" / "output.txt").read_text()
+    assert sorted(os.listdir(tmp_path / "out")) == ["first.tar", "second.tar"]
+
+
+def train(run_dir):
+    result = subprocess.run([KERAS_PREACT, "train", *ARGUMENTS, "--run-dir", str(run_dir)], cwd=ROOT,
+                            env=ENVIRONMENT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def wait_for(path):
+    deadline = time.time() + 300
+    while time.time() < deadline and not path.exists():
+        time.sleep(0.05)
+    assert path.exists(), f"no {path}"
+
+
+def test_a_run_started_stopped_landed_and_resumed_on_the_cpu(tmp_path):
+    """The playbook's whole cycle, its device steps run here under JAX: the CPU's first epoch
+    packed, the run started from it in a process of its own, stopped after a checkpoint,
+    bundled, landed in the CPU's run folder, and finished there by the CPU queue's command."""
+    name, cpu_runs = "gpu-digits", tmp_path / "cpu"
+    entries = [(name, ARGUMENTS)]
+    cpu = subprocess.Popen([KERAS_PREACT, "train", *ARGUMENTS, "--run-dir", str(cpu_runs / name)], cwd=ROOT,
+                           env=ENVIRONMENT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(cpu_runs / name / "checkpoints" / "ckpt-10.npz")
+    cpu.kill()  # the CPU queue's run, stopped when the session ended
+    cpu.wait()
+    first = playbook.newest_checkpoint(str(cpu_runs / name))[0]
+    playbook.pack(runs=str(cpu_runs), wheels=False, archive=None, output=str(tmp_path / "pack"), entries=entries)
+    carried = tmp_path / "pack" / "runs" / name
+    assert sorted(os.listdir(carried / "checkpoints")) == [f"ckpt-{first}.npz"] and first < 30
+
+    device = tmp_path / "device"
+    playbook.start(0, str(tmp_path / "out"), device_root=str(device), entries=entries, packed=str(tmp_path / "pack"))
+    assert list(playbook.running(str(device))) == [name]
+    wait_for(device / "runs" / name / "checkpoints" / "ckpt-30.npz")
+    playbook.stop(str(device))
+    while playbook.running(str(device)):
+        time.sleep(0.1)
+    assert not (device / "runs" / name / "summary.json").exists(), "the run finished before it was stopped"
+    bundles = playbook.bundle(str(tmp_path / "out"), str(device), entries)
+    with tarfile.open(bundles[0]) as archive:
+        members = sorted(archive.getnames())
+    step = int(next(member for member in members if "ckpt-" in member).split("ckpt-")[1].split(".")[0])
+    assert step >= 30 and members == sorted(["config.json", "log.csv", "output.txt", f"checkpoints/ckpt-{step}.npz"])
+    assert "Resuming from" in (device / "runs" / name / "output.txt").read_text()
+
+    playbook.land(str(tmp_path / "out"), runs=str(cpu_runs), data_dir="/data/here", publish=False)
+    assert playbook.newest_checkpoint(str(cpu_runs / name))[0] == step
+    assert json.loads((cpu_runs / name / "config.json").read_text())["data_dir"] == "/data/here"
+    resumed = train(cpu_runs / name)
+    landed = cpu_runs / name / "checkpoints" / f"ckpt-{step}.npz"
+    assert f"Resuming from {landed} at step {step} of 44." in resumed.stdout
+    train(tmp_path / "whole")
+    summaries = [json.loads((folder / "summary.json").read_text()) for folder in (cpu_runs / name, tmp_path / "whole")]
+    assert summaries[0]["weights_sha256"] == summaries[1]["weights_sha256"]
+
+
+@pytest.mark.tensorflow
+def test_pack_carries_a_tensorflow_checkpoint_as_npz(tmp_path):
+    """A run of the CPU queue checkpointed in TensorFlow's format travels as .npz (the device has no TensorFlow)."""
+    import tensorflow as tf
+
+    run_dir = tmp_path / "cpu" / "legacy"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.json").write_text("{}")
+    values = {"model": {"0:dense.kernel": tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3))},
+              "optimizer": {"0:sgd.iteration": tf.Variable(np.int64(390))}}
+    tf.train.Checkpoint(**values).write(str(run_dir / "checkpoints" / "ckpt-390"))
+    playbook.pack(runs=str(tmp_path / "cpu"), wheels=False, archive=None, output=str(tmp_path / "pack"),
+                  entries=[("legacy", [])])
+    with np.load(tmp_path / "pack" / "runs" / "legacy" / "checkpoints" / "ckpt-390.npz") as carried:
+        np.testing.assert_array_equal(carried["model/0:dense.kernel"], np.arange(6).reshape(2, 3))
+        assert int(carried["optimizer/0:sgd.iteration"]) == 390

@@ -17,15 +17,15 @@ import argparse
 import os
 import platform
 import tempfile
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from harness import processor  # noqa: E402  bench/, the script's folder
+import input_pipeline  # noqa: E402  bench/, the script's folder
+from harness import processor  # noqa: E402
 
-from keras_preact_training import configs, data, loop  # noqa: E402
+from keras_preact_training import configs, engines, loop  # noqa: E402
 
 
 def machine():
@@ -34,15 +34,8 @@ def machine():
 
 
 def pipeline_images_per_second(config, batches):
-    dataset = data.load(config)
-    steps_per_epoch = configs.steps_per_epoch(dataset.train.size, config.batch_size)
-    iterator = iter(data.training_batches(dataset.train, config, steps_per_epoch, 0, batches + 5))
-    for _ in range(5):
-        next(iterator)
-    started = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
-    return batches * config.batch_size / (time.perf_counter() - started)
+    """tf.data's rate alone (`bench/input_pipeline.py` compares it with NumPy's)."""
+    return input_pipeline.images_per_second(config.override("input_pipeline=tensorflow"), "tensorflow", batches)[1]
 
 
 def main():
@@ -61,7 +54,7 @@ def main():
         f"log_every={arguments.window}", "evaluate_every=100000", "checkpoint_every=100000", "warmup=0",
         f"duration={arguments.window * (arguments.windows + 1)}",
     )
-    loop.configure(config)  # the recipe's precision, as `keras-preact train` sets it
+    engines.configure(config)  # the recipe's precision, as `keras-preact train` sets it
     print(f"machine: {machine()}")
     print(f"recipe: {arguments.config} ({config.precision}, nesterov={config.nesterov})")
     print(f"input pipeline, batch {arguments.batch_size}: {pipeline_images_per_second(config, 40):.0f} images/s")

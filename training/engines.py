@@ -60,15 +60,17 @@ def for_backend(config):
 
 
 def configure(config):
-    """Process-wide settings; call before building anything: the dtype policy; TensorFlow's
-    logical CPU devices and determinism where TensorFlow runs the steps or reads the data,
-    and TensorFlow kept off the GPU where another backend runs the steps."""
+    """Process-wide settings; call before building anything: the dtype policy; where TensorFlow
+    is installed, its logical CPU devices and determinism, and TensorFlow kept off the GPU
+    where another backend runs the steps (it reads the images or writes TensorBoard's logs)."""
     keras.config.set_dtype_policy(config.precision)
     backend = keras.backend.backend()
-    if backend != "tensorflow" and data.input_pipeline_name(config) != "tensorflow":
+    if backend != "tensorflow" and not data.tensorflow_installed():
         return
     import tensorflow as tf
 
+    if backend != "tensorflow":
+        tf.config.set_visible_devices([], "GPU")
     if config.cpu_devices > 1 and backend == "tensorflow":
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * config.cpu_devices)
@@ -80,8 +82,6 @@ def configure(config):
         # devices, processes and cores (a multi-worker run then equals the one-process run).
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
-    if backend != "tensorflow":
-        tf.config.set_visible_devices([], "GPU")  # TensorFlow only reads the images: the GPU is the backend's
 
 
 def make_strategy(config):

@@ -213,6 +213,15 @@ def test_killed_run_without_tensorflow_resumes_to_the_same_weights(tmp_path, bac
     assert summary(killed)["weights_sha256"] == summary(tmp_path / "whole")["weights_sha256"]
 
 
+@pytest.mark.commands
+def test_keras_on_tensorflow_without_tensorflow_is_one_line_that_says_what_to_do(tmp_path):
+    result = run("train", "--run-dir", str(tmp_path / "run"), *SHORT, backend="tensorflow")
+    assert result.returncode == 2
+    assert result.stderr == ("error: TensorFlow, Keras' backend here (KERAS_BACKEND=tensorflow), is not installed. "
+                             "Install it (pip install 'keras-preact[tensorflow]'), or set KERAS_BACKEND=jax or torch: "
+                             "train and evaluate run there without it.\n")
+
+
 @pytest.mark.tensorflow
 def test_a_tensorflow_run_resumes_under_torch_without_tensorflow_and_back(tmp_path):
     """One checkpoint format for every backend and input pipeline: a run begun under TensorFlow

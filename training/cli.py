@@ -336,6 +336,10 @@ def main(argv=None):
         code = next((code for kind, code in exit_codes.items() if isinstance(error, kind)), None)
         if code is None:
             raise
+        if isinstance(error, ModuleNotFoundError) and error.name == "tensorflow":
+            error = (f"TensorFlow, Keras' backend here (KERAS_BACKEND={os.environ.get('KERAS_BACKEND', 'unset')}), "
+                     "is not installed. Install it (pip install 'keras-preact[tensorflow]'), or set "
+                     "KERAS_BACKEND=jax or torch: train and evaluate run there without it.")
         print(f"error: {error}", file=sys.stderr)
         return code
 

@@ -5,7 +5,6 @@ The default where TensorFlow is installed, and the pipeline of `tf.distribute`
 (`engines.TensorFlowSteps`); `input_numpy` gives the same batches without TensorFlow.
 """
 
-
 import numpy as np
 import tensorflow as tf
 
@@ -152,7 +151,8 @@ def examples_from(split, seed, used, first_position, end_position):
     """(item, label) at positions first_position .. end_position - 1 of the stream of epochs.
 
     Each epoch is the first `used` examples of a permutation of the split: for indexed
-    data a stateless index shuffle of (seed, epoch), which a resumed run skips into
+    data a stateless index shuffle of (seed, epoch) (`data.index_shuffle` computes the
+    same in NumPy for `input_numpy`), which a resumed run skips into
     without reading what it skips; for a stream a seeded shuffle buffer, reshuffled each
     epoch, which a resumed run reads (without decoding) up to its position.
     """

@@ -93,10 +93,7 @@ def newest_checkpoint(run_dir):
     sys.path.insert(0, ROOT)
     from training import checkpoints
 
-    directory = os.path.join(run_dir, "checkpoints")
-    found = [(step, os.path.join(directory, f"ckpt-{step}.npz")) for step in checkpoints.steps(directory, "npz")]
-    found += [(step, os.path.join(directory, f"ckpt-{step}")) for step in checkpoints.steps(directory, "tensorflow")]
-    return max(found) if found else (None, None)
+    return next(iter(checkpoints.newest_first(os.path.join(run_dir, "checkpoints"))), (None, None))
 
 
 def working_tree_bytes():
@@ -111,8 +108,6 @@ def pack(runs=CPU_RUNS, wheels=True, archive=ARCHIVE, output=PACK, entries=None)
     """Fills `output` (.gpu/) with the wheels, the CIFAR-10 archive (None: none) and the newest
     checkpoints of the queued runs (`entries`; scripts/queue.txt's "gpu" runs by default)."""
     sys.path.insert(0, ROOT)
-    import numpy as np
-
     from training import checkpoints
 
     shutil.rmtree(output, ignore_errors=True)
@@ -137,7 +132,7 @@ def pack(runs=CPU_RUNS, wheels=True, archive=ARCHIVE, output=PACK, entries=None)
         if step is None:
             print(f"{name}: no checkpoint here; starts from its first step on the GPU")
             continue
-        values = dict(np.load(path)) if path.endswith(".npz") else checkpoints.read_tensorflow(path)
+        values = checkpoints.read_values(path)
         size = sum(value.nbytes for value in values.values())
         if size > budget:
             print(f"{name}: its checkpoint at step {step} ({size / 2**20:.1f} MiB) does not fit the "

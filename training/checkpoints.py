@@ -78,6 +78,28 @@ def steps(directory, kind="npz"):
     return [int(match.group(1)) for match in map(FORMATS[kind].fullmatch, names) if match]
 
 
+def newest_first(directory):
+    """[(step, path)] of the checkpoints of `directory`, .npz and TensorFlow's (a prefix), newest first."""
+    return sorted([(step, os.path.join(directory, f"ckpt-{step}.npz")) for step in steps(directory, "npz")]
+                  + [(step, os.path.join(directory, f"ckpt-{step}")) for step in steps(directory, "tensorflow")],
+                  reverse=True)
+
+
+def read_values(path):
+    """{key: NumPy array} of the checkpoint `path`: a `.npz` file, or a TensorFlow prefix.
+
+    Raises:
+        ValueError: if it does not read.
+    """
+    if not path.endswith(".npz"):
+        return read_tensorflow(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as error:
+        raise ValueError(f"{type(error).__name__}: {error}") from None
+
+
 def read(path, expected):
     """The values of the checkpoint `path` for the keys of `expected` ({key: variable}).
 
@@ -85,14 +107,7 @@ def read(path, expected):
         ValueError: if the file is damaged, lacks a key or holds one more, or a value's
             shape differs from its variable's.
     """
-    if path.endswith(".npz"):
-        try:
-            with np.load(path, allow_pickle=False) as archive:
-                values = {key: archive[key] for key in archive.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as error:
-            raise ValueError(f"{type(error).__name__}: {error}") from None
-    else:
-        values = read_tensorflow(path)
+    values = read_values(path)
     missing, extra = sorted(set(expected) - set(values)), sorted(set(values) - set(expected))
     if missing or extra:
         raise ValueError(f"it holds other variables than the network's: missing {missing[:3]}, extra {extra[:3]}")
@@ -142,12 +157,9 @@ def restore_newest_intact(directory, model, optimizer, verbose=True):
     Raises:
         CheckpointsUnreadable: if there are checkpoints and none of them can be restored.
     """
-    candidates = sorted([(step, os.path.join(directory, f"ckpt-{step}.npz")) for step in steps(directory, "npz")]
-                        + [(step, os.path.join(directory, f"ckpt-{step}")) for step in steps(directory, "tensorflow")],
-                        reverse=True)
     expected = variables_by_key(model, optimizer)
     failures = []
-    for _, path in candidates:
+    for _, path in newest_first(directory):
         try:
             values = read(path, expected)
         except ValueError as error:

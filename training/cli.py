@@ -329,10 +329,12 @@ def main(argv=None):
     except Exception as error:
         # Bad input exits with 2, a diverged run with 3, a run whose checkpoints are all
         # unreadable with 4, each with its message alone (only a
-        # command that trains has imported the loop).
+        # command that trains has imported the loop and its checkpoints).
         loop = sys.modules.get(f"{__package__}.loop")
+        checkpoints = sys.modules.get(f"{__package__}.checkpoints")
         exit_codes = {ValueError: 2, FileNotFoundError: 2, FileExistsError: 2, ConnectionError: 2, ImportError: 2,
-                      **({loop.TrainingDiverged: 3, loop.CheckpointsUnreadable: 4} if loop else {})}
+                      **({loop.TrainingDiverged: 3} if loop else {}),
+                      **({checkpoints.CheckpointsUnreadable: 4} if checkpoints else {})}
         code = next((code for kind, code in exit_codes.items() if isinstance(error, kind)), None)
         if code is None:
             raise
@@ -370,12 +372,9 @@ def import_tensorflow(verbose, optional=False):
     go to a temporary file that is shown only if the import fails. `optional`: where TensorFlow
     is not installed, nothing happens (the command runs without it or says why it cannot)."""
     if optional:
-        import importlib.util
+        from . import data
 
-        try:
-            if importlib.util.find_spec("tensorflow") is None:
-                return
-        except ImportError:
+        if not data.tensorflow_installed():
             return
     if verbose:
         import tensorflow  # noqa: F401

@@ -14,6 +14,7 @@ under JAX or PyTorch without TensorFlow). This module imports neither TensorFlow
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import math
 import os
 
@@ -68,9 +69,10 @@ class DataSet:
 def load(config):
     """The data set of `config`, its splits cut to `train_examples` and `test_examples`.
 
-    Every file of an image folder's splits is decoded once here (about 10 s for CIFAR-10's
-    60,000 JPEGs on 2 cores), so that a truncated or corrupt image is an error that names
-    it before training, not a traceback of the input pipeline that does not.
+    Every file of an image folder's splits is decoded once here by the config's input
+    pipeline (`prepare`: tf.data checks each file, NumPy's keeps their pixels in memory; the
+    times are in docs/benchmarks.md, "The input pipelines"), so that a truncated or corrupt
+    image is an error that names it before training, not a traceback of the pipeline.
 
     Raises:
         FileNotFoundError: for a data directory that does not exist or has no images.
@@ -79,7 +81,7 @@ def load(config):
     """
     pipeline = input_pipeline(config)
     if config.dataset in TENSORFLOW_DATASETS:
-        if pipeline.__name__.rpartition(".")[2] != PIPELINES["tensorflow"]:
+        if input_pipeline_name(config) != "tensorflow":
             raise ValueError(f"dataset={config.dataset} is read through tensorflow-datasets, which needs TensorFlow. "
                              "Received: input_pipeline=numpy. Install TensorFlow, or train on an image folder "
                              "(dataset=folder, --data-dir DIR with DIR/train/<class>/ and DIR/test/<class>/).")
@@ -100,12 +102,8 @@ def load(config):
 
 
 def tensorflow_installed():
-    """Whether `import tensorflow` succeeds in this environment."""
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether TensorFlow is installed (found by the import system, not imported)."""
+    return importlib.util.find_spec("tensorflow") is not None
 
 
 def input_pipeline_name(config):

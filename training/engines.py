@@ -11,7 +11,7 @@ its steps, behind the one interface the loop (`training.loop.train`) uses, `Step
 All three compute the same step (the recipe's loss averaged over the batch, the network's own
 losses, the recipe's optimizer) and keep the network in Keras' variables between steps
 (after `synchronize`), which the checkpoints (`training.checkpoints`) save and restore.
-Only `TensorFlowSteps` imports TensorFlow.
+Only `TensorFlowSteps` needs TensorFlow; `configure` sets it up where it is installed.
 """
 
 import typing

@@ -8,7 +8,7 @@ TensorFlow's bilinear resize (`serving.images.resize_bilinear`). Augmentation is
 it is the training model's first layers (`recipe.preprocessing`), the same on every path.
 
 An image folder is decoded once, when it is prepared, into an array in memory (CIFAR-10's
-60,000 JPEGs: 184 MB as uint8), and batches are gathered from it; a folder whose pixels would
+60,000 JPEGs: 184 MB as uint8; times in docs/benchmarks.md), and batches are gathered from it; a folder whose pixels would
 pass MEMORY_LIMIT_BYTES stays files, decoded batch by batch on DECODING_THREADS threads
 (Pillow decodes outside Python's global lock).
 """
@@ -21,8 +21,10 @@ import numpy as np
 from . import data
 from .serving import images
 
-# The largest decoded image folder held in memory; larger ones are decoded batch by batch.
+# The largest decoded image folder held in memory; larger ones are decoded batch by batch,
+# after a check that every file decodes, CHECKED_TOGETHER files at a time.
 MEMORY_LIMIT_BYTES = 4 * 2**30
+CHECKED_TOGETHER = 4096
 DECODING_THREADS = os.cpu_count() or 1
 
 
@@ -90,8 +92,8 @@ def prepare(split, name):
     try:
         if split.size * split.image_size ** 2 * 3 <= MEMORY_LIMIT_BYTES:
             return data.Split(labels=split.labels, items=decode_files(split.items, split.image_size))
-        for start in range(0, split.size, 4096):
-            decode_files(split.items[start:start + 4096], split.image_size)
+        for start in range(0, split.size, CHECKED_TOGETHER):
+            decode_files(split.items[start:start + CHECKED_TOGETHER], split.image_size)
     except UnreadableImage as error:
         data.raise_for_unreadable(error.args[0], name)
     return split

@@ -21,9 +21,9 @@ STREAM_SHUFFLE_BUFFER = 20_000
 
 
 def prepare(split, name):
-    """`split` as this pipeline reads it: itself, once every file it names has been decoded
-    (about 10 s for CIFAR-10's 60,000 JPEGs on 2 cores), so that a truncated or corrupt
-    image is an error that names it before training, not a traceback of the pipeline.
+    """`split` as this pipeline reads it: itself, once every file it names has been decoded,
+    so that a truncated or corrupt image is an error that names it before training, not a
+    traceback of the pipeline.
 
     Raises:
         ValueError: naming the files of `split` (`name`: "train", "test", ...) that do not decode.

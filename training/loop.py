@@ -42,7 +42,6 @@ CONFIG_FILE = "config.json"
 # which input pipeline reads the images (the same batches).
 RESUMABLE_CHANGES = ("data_dir", "evaluate_every", "checkpoint_every", "log_every", "fused_batch_norm",
                      "input_pipeline")
-CheckpointsUnreadable = checkpoints.CheckpointsUnreadable
 
 
 class TrainingDiverged(RuntimeError):

@@ -9,12 +9,14 @@ import importlib
 
 import wrapt
 
+from keras_preact import quiet_tensorflow
+
 # The public names and the module each lives in, imported on first use (PEP 562): importing
 # keras_preact, or a light module such as `keras_preact.defaults`, imports neither Keras nor
 # its backend until a layer or network is asked for (`keras-preact --help` answers at
 # once).
 _SUBMODULES = ("analysis", "architectures", "blocks", "defaults", "folding", "merges", "models", "pretrained",
-               "shortcuts", "stacked", "units")
+               "quiet_tensorflow", "shortcuts", "stacked", "units")
 _NAMES = {
     "architectures": ("ARCHITECTURES", "Architecture"),
     "folding": ("fold_batch_norms",),
@@ -32,6 +34,9 @@ _MODULE_OF = {name: module for module, names in _NAMES.items() for name in names
 
 __all__ = sorted(_MODULE_OF) + list(_SUBMODULES)
 __version__ = "0.1.0"
+
+
+quiet_tensorflow.install()
 
 
 def __getattr__(name):
@@ -52,5 +57,7 @@ def __dir__():
 @wrapt.when_imported("keras")
 def _register_layers(_):
     """Once Keras is imported (now, if it was before keras_preact), the layers register with it,
-    so that `keras.saving.load_model` finds them in a process that never named one."""
+    so that `keras.saving.load_model` finds them in a process that never named one. Keras on
+    TensorFlow loaded before keras_preact finds its devices now, its CUDA probe's lines held."""
+    quiet_tensorflow.find_devices_quietly()
     importlib.import_module("keras_preact.models")

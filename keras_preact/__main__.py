@@ -1,12 +1,8 @@
 """`python -m keras_preact`: the Markdown table of every network and its parameters."""
 
-import os
+import numpy as np
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import numpy as np  # noqa: E402
-
-from keras_preact import architectures, models  # noqa: E402
+from keras_preact import architectures, models
 
 
 def parameter_counts(model):

@@ -18,12 +18,18 @@ from keras_preact import defaults
 
 
 class Merge(keras.layers.Layer):
-    """Base of the merges: `merge(shortcut, residual)` returns the unit's y = h(x) (+) F(x)."""
+    """Base of the merges: `merge(shortcut, residual)` returns the unit's y = h(x) (+) F(x).
+
+    A merge's own constructor arguments are what `arguments()` returns: its config adds them
+    to the layer's, and a unit builds its copy from them (see `copy_for_unit`).
+    """
+
+    def arguments(self):
+        """The merge's own constructor arguments, without the layer's (name, dtype)."""
+        return {}
 
     def get_config(self):
-        # Defined so that Keras serializes the base arguments (name, dtype policy)
-        # instead of trying to infer them from __init__.
-        return super().get_config()
+        return {**super().get_config(), **self.arguments()}
 
 
 @keras.saving.register_keras_serializable(package="keras_preact")
@@ -62,10 +68,8 @@ class ConstantScaling(Merge):
     def call(self, shortcut, residual):
         return self.shortcut_scale * shortcut + self.residual_scale * residual
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(shortcut_scale=self.shortcut_scale, residual_scale=self.residual_scale)
-        return config
+    def arguments(self):
+        return {"shortcut_scale": self.shortcut_scale, "residual_scale": self.residual_scale}
 
 
 class Gate(Merge):
@@ -107,10 +111,8 @@ class Gate(Merge):
     def gate(self, shortcut):
         return ops.sigmoid(ops.matmul(shortcut, self.kernel) + self.bias)
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(gate_bias=self.gate_bias, weight_decay=self.weight_decay)
-        return config
+    def arguments(self):
+        return {"gate_bias": self.gate_bias, "weight_decay": self.weight_decay}
 
 
 @keras.saving.register_keras_serializable(package="keras_preact")
@@ -148,14 +150,22 @@ class ShortcutDropout(Merge):
     def call(self, shortcut, residual, training=None):
         return residual + self.dropout(shortcut, training=training)
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(rate=self.rate, seed=self.seed)
-        return config
+    def arguments(self):
+        return {"rate": self.rate, "seed": self.seed}
 
 
 def copy_for_unit(merge, weight_decay, dtype_policy):
-    """A copy of `merge` named "merge", with a unit's dtype policy and weight decay."""
+    """A copy of `merge` named "merge", with a unit's dtype policy and weight decay.
+
+    Built from `arguments()`, not from the config: Keras' serialization imports TensorFlow
+    wherever it is installed, and building a network on JAX or PyTorch must not. A merge of
+    the user's own that defines `get_config` instead is copied through its config.
+    """
+    if type(merge).get_config is Merge.get_config:
+        arguments = merge.arguments()
+        if "weight_decay" in arguments:
+            arguments["weight_decay"] = weight_decay
+        return type(merge)(**arguments, name="merge", dtype=dtype_policy)
     config = merge.get_config()
     config.update(name="merge", dtype=dtype_policy)
     if "weight_decay" in config:

@@ -29,7 +29,7 @@ def ResNet(
     merge=None,
     downsample_shortcut=None,
     stride_on=None,
-    weight_decay=defaults.WEIGHT_DECAY,
+    weight_decay=0.0,
     rematerialize=False,
     scan_units=None,
     include_top=True,
@@ -63,9 +63,11 @@ def ResNet(
             for the others).
         stride_on: "first" or "3x3", the strided convolution of bottleneck units;
             `None` for the architecture's ("first" on CIFAR, "3x3" on ImageNet).
-        weight_decay: coupled weight decay on every weight (the paper's 1e-4),
-            applied as an L2 regularizer of half that value (see
-            `keras_preact.defaults.weight_regularizer`); 0 for none.
+        weight_decay: coupled weight decay on every weight, applied as an L2
+            regularizer of half that value (see `keras_preact.defaults.weight_regularizer`).
+            0 (the default) adds no regularizer, as Keras Applications' model functions;
+            the paper's 1e-4 (Sec. 4, `keras_preact.defaults.WEIGHT_DECAY`) is what
+            `keras-preact train`'s recipes set.
         rematerialize: recompute every unit's branches in the backward pass instead
             of keeping their activations (`keras.remat`): less activation memory for
             about one more forward pass, the same gradients and BatchNorm statistics.

@@ -1,7 +1,5 @@
-import fcntl
 import os
 import sys
-import tarfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -128,18 +126,10 @@ def config_round_trip(layer):
 
 @pytest.fixture(scope="session")
 def cifar_folder():
-    """CIFAR-10 as JPEG folders, extracted once into the user's cache."""
+    """CIFAR-10 as JPEG folders, extracted once into the user's cache, where `keras-preact data`
+    puts it (pytest-xdist's workers take turns: the first extracts, the others find it done)."""
+    from keras_preact_training import data_folder
+
     if not os.path.exists(CIFAR_ARCHIVE):
         pytest.skip(f"CIFAR-10 JPEG archive not found at {os.path.normpath(CIFAR_ARCHIVE)} (see shared/data/README.md)")
-    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "keras-preact")
-    folder = os.path.join(cache, "cifar10-jpeg")
-    os.makedirs(cache, exist_ok=True)
-    # The test processes (pytest-xdist's workers) extract it one at a time: the first, while
-    # the others wait on the lock, then find it done.
-    with open(os.path.join(cache, "cifar10-jpeg.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.path.exists(os.path.join(cache, "cifar10-jpeg.done")):
-            with tarfile.open(CIFAR_ARCHIVE, "r:xz") as archive:
-                archive.extractall(cache, filter="data")
-            open(os.path.join(cache, "cifar10-jpeg.done"), "w").close()
-    return folder
+    return data_folder.extract(CIFAR_ARCHIVE)

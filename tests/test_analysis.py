@@ -113,3 +113,10 @@ def test_diagnose_command_writes_its_plots_and_tables(tmp_path):
     assert len(table) == 2 + 9 and "ResNet-20 plain" in table[4]
     identity = (tmp_path / "identity.md").read_text()
     assert "| preactivation | 3 | 0 | 0 | exact |" in identity and "| original | 3 |" in identity
+
+
+def test_diagnose_refuses_an_output_folder_it_cannot_make(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ValueError, match=f"Cannot make the output folder {tmp_path}/a_file/plots: {tmp_path}/a_file "
+                                         "is a file, not a folder"):
+        diagnose.diagnose(str(tmp_path / "a_file" / "plots"), depths=(20,), depth=20, batch_size=2)

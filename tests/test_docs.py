@@ -180,14 +180,20 @@ def mkdocs_build(folder, site):
 
 
 def test_the_site_builds_in_strict_mode_and_a_broken_link_fails_it(tmp_path):
-    """`mkdocs build --strict`: every page of the nav, every link and anchor resolved."""
+    """`mkdocs build --strict`: every page of the nav, every link and anchor resolved, and the
+    home page holding the README's quick starts."""
     built = mkdocs_build(ROOT, tmp_path / "site")
     assert built.returncode == 0, built.stderr[-3000:]
     for page in ("networks", "zoo", "training", "serving", "paper", "benchmarks", "tests"):
         assert (tmp_path / "site" / page / "index.html").exists(), page
+    home = (tmp_path / "site" / "index.html").read_text()
+    for line in ("keras-preact query --model cifar10_resnet20", "Trained networks load the Keras Applications way"):
+        assert line in home, f"the site's home page lacks the README's quick starts: {line!r}"
+    assert "--8&lt;--" not in home and "--8<--" not in home
     broken = tmp_path / "broken"
     shutil.copytree(DOCS, broken / "docs")
     shutil.copy(os.path.join(ROOT, "mkdocs.yml"), broken)
+    shutil.copy(README, broken)
     with open(broken / "docs" / "zoo.md", "a") as file:
         file.write("\nSee [the missing section](networks.md#no-such-section).\n")
     failed = mkdocs_build(broken, tmp_path / "other")

@@ -1,12 +1,14 @@
 """Every registered network: parameters, gradients, save/load; the builders' arguments."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
 
 import keras_preact as kp
 from keras_preact import architectures, units
-from tests.conftest import output_gradients, random_images
+from tests.conftest import ROOT, output_gradients, random_images
 
 # (all parameters, trainable parameters). The original ImageNet nets equal torchvision's
 # ResNet-18/34/50/101/152 to the parameter; the paper (Table 4) rounds to 1.7M
@@ -279,3 +281,19 @@ def test_model_table_lists_every_architecture_with_its_parameters():
     rows = model_table().splitlines()
     assert len(rows) == 2 + len(architectures.ARCHITECTURES)
     assert "| `resnet1001` | bottleneck | [111, 111, 111] | 1001 | 10.328M | 10.178M | 10.2M |" in rows
+
+
+def test_networks_add_no_regularizer_unless_asked_as_keras_applications():
+    """The first loss of a new network on ten classes is near ln 10 = 2.30 (the README's quick
+    start): no L2 term unless `weight_decay` asks for the paper's."""
+    folder = os.path.join(ROOT, "docs", "cifar10")
+    names = sorted(name for name in os.listdir(folder) if name.endswith(".jpg"))  # one per class, in order
+    images = np.stack([keras.utils.img_to_array(keras.utils.load_img(os.path.join(folder, name))) for name in names])
+    labels = np.arange(10)
+    model = kp.ResNet1001(classes=10, include_preprocessing=True)
+    assert model.losses == []
+    probabilities = model(images, training=True)  # as fit's first step: the batch's statistics
+    loss = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
+    assert float(keras.ops.mean(loss)) == pytest.approx(np.log(10), abs=0.5)
+    decayed = kp.ResNet20(weight_decay=1e-4)
+    assert len(decayed.losses) == len(decayed.trainable_variables)

@@ -304,7 +304,7 @@ def test_evaluate_refuses_bad_input(shipped, small_cifar, tmp_path, capsys):
     from keras_preact_training import cli
 
     assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(tmp_path / "nowhere")]) == 2
-    assert "needs data_dir to be a folder with train/ and test/" in capsys.readouterr().err
+    assert "needs --data-dir to be an image folder (DIR/train/<class>/<image>" in capsys.readouterr().err
     assert cli.main(["evaluate", "--model", "resnet21", "--data-dir", str(small_cifar)]) == 2
     assert "Unknown model. Choose one of" in capsys.readouterr().err
     assert cli.main(["evaluate", "--model", "resnet56", "--data-dir", str(small_cifar)]) == 2

@@ -1,5 +1,7 @@
 """Stages run as loops over stacked weights: the same networks as with one layer per unit."""
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -119,7 +121,7 @@ def test_stacked_weights_are_initialised_unit_by_unit():
 
 
 def test_weight_decay_is_the_separate_units_decay():
-    separate, looped = twins(NETWORKS["exclusive gating, b_g = -2"])
+    separate, looped = twins(functools.partial(NETWORKS["exclusive gating, b_g = -2"], weight_decay=1e-4))
     assert len(looped.losses) < len(separate.losses)
     decay = float(sum(separate.losses))
     assert decay > 0

@@ -7,7 +7,8 @@
     KERAS_BACKEND=jax keras-preact train --config cifar10_zoo --data-dir DIR   # on JAX, one device
     KERAS_BACKEND=torch keras-preact train --config cifar10_zoo --data-dir DIR # on PyTorch; no TensorFlow needed
     keras-preact configs                                    # the configs and their fields
-    keras-preact evaluate --model resnet20 --weights cifar10 --data-dir DIR   # test error, per class
+    keras-preact data cifar10-jpeg.tar.xz                   # the CIFAR-10 image folder, from an archive
+    keras-preact evaluate --model resnet20 --weights cifar10  # test error, per class, on that folder
     keras-preact zoo                                        # the shipped networks and their errors
     keras-preact zoo --units                                # original against pre-activation units
     keras-preact compare RUN_DIR RUN_DIR                    # error against hours, side by side
@@ -26,7 +27,9 @@ import os
 import shlex
 import statistics
 import sys
-import tempfile
+
+from keras_preact import quiet_tensorflow
+from . import data_folder
 
 # The Keras backends each command's computation runs on; under another one it stops at once
 # with a message that says what runs there instead. Training (`train`) is TensorFlow's
@@ -36,7 +39,7 @@ BACKENDS = {"train": ("tensorflow", "jax", "torch"), "ablate": ("tensorflow", "j
             "export": ("tensorflow",)}
 # Commands that never import TensorFlow (they answer at once), or import it only where they
 # need it (serve: the onnxruntime runtime never does).
-WITHOUT_TENSORFLOW = ("configs", "compare", "query", "serve")
+WITHOUT_TENSORFLOW = ("configs", "compare", "data", "query", "serve")
 # Commands that run without TensorFlow under KERAS_BACKEND=jax or torch (images read with
 # NumPy and Pillow, `training.input_numpy`); where it is installed they import it as the rest.
 TENSORFLOW_OPTIONAL = ("train", "evaluate")
@@ -113,7 +116,8 @@ def parser():
     evaluate_parser.add_argument("--dataset", default="folder", choices=["folder", "cifar10"],
                                  help="an image folder data_dir/{train,test}/<class>/ (default), or "
                                  "tensorflow-datasets' cifar10")
-    evaluate_parser.add_argument("--data-dir", help="the image folder, or tensorflow-datasets' data directory")
+    evaluate_parser.add_argument("--data-dir", help="the image folder (default: keras-preact data's, "
+                                 f"{data_folder.CIFAR10_FOLDER}), or tensorflow-datasets' data directory")
     evaluate_parser.add_argument("--batch-size", type=int, default=defaults.EVALUATION_BATCH_SIZE,
                                  help=f"images per inference batch (default: {defaults.EVALUATION_BATCH_SIZE})")
     evaluate_parser.add_argument("--flip", action="store_true",
@@ -122,6 +126,14 @@ def parser():
     evaluate_parser.add_argument("--split", default="test", choices=list(defaults.EVALUATION_SPLITS),
                                  help="the split measured: test (default), or train for how well the network fits "
                                  "its training images (inference mode, no augmentation)")
+    data_parser = command(
+        "data", help="make the CIFAR-10 image folder that evaluate and the docs' commands read, from an archive",
+        description="Extract an archive of an image folder (train/<class>/<image> and test/<class>/<image>; "
+        "CIFAR-10 as JPEGs, as the zoo trained on) into the folder that `keras-preact evaluate` reads by default "
+        f"({data_folder.CIFAR10_FOLDER}), or into --data-dir; once: a folder already made is left as it is.")
+    data_parser.add_argument("archive", help="a .tar, .tar.gz, .tar.xz or .zip of the image folder")
+    data_parser.add_argument("--data-dir", default=data_folder.CIFAR10_FOLDER,
+                             help=f"where the folder goes (default: {data_folder.CIFAR10_FOLDER})")
     publish = command(
         "publish", help="put a finished CIFAR-10 run's network into the model zoo (keras_preact/weights)",
         description="Save the network of a finished CIFAR-10 run as keras_preact/weights/cifar10_<name>.weights.h5 "
@@ -257,14 +269,19 @@ def add_config_arguments(command, default_model):
                          help="tf.distribute strategy of each trial")
 
 
-def config_from(arguments):
-    from . import configs
-
+def overrides_from(arguments):
+    """`train`'s --set values, then its shortcut flags as "field=value"."""
     overrides = list(arguments.set)
     for flag, field in (("model", "model"), ("data_dir", "data_dir"), ("strategy", "strategy")):
         if getattr(arguments, flag):
             overrides.append(f"{field}={getattr(arguments, flag)}")
-    config = configs.get_config(arguments.config, overrides)
+    return overrides
+
+
+def config_from(arguments):
+    from . import configs
+
+    config = configs.get_config(arguments.config, overrides_from(arguments))
     import keras_preact
 
     if config.model not in keras_preact.MODELS:
@@ -295,6 +312,7 @@ def train_seeds(config, run_dir, seeds, command=None, allow_config_changes=False
 def main(argv=None):
     arguments = parser().parse_args(argv)
     try:
+        check_data_folder(arguments)
         if arguments.command not in WITHOUT_TENSORFLOW:
             import_tensorflow(arguments.verbose, optional=arguments.command in TENSORFLOW_OPTIONAL)
         if arguments.command in BACKENDS:
@@ -346,6 +364,19 @@ def main(argv=None):
         return code
 
 
+def check_data_folder(arguments):
+    """The image folder that `train` or `evaluate` would read, checked before TensorFlow loads:
+    a FileNotFoundError in a second, which says how a folder is laid out and made."""
+    from . import configs
+
+    if arguments.command == "evaluate" and arguments.dataset == "folder":
+        data_folder.check_folder(data_folder.or_default(arguments.data_dir))
+    if arguments.command == "train":
+        config = configs.get_config(arguments.config, overrides_from(arguments))
+        if config.dataset == "folder":
+            data_folder.check_folder(config.data_dir)
+
+
 def check_backend(command):
     """Raises ValueError where Keras runs on a backend that `command` does not run on (`BACKENDS`)."""
     import keras
@@ -367,10 +398,11 @@ def check_backend(command):
 
 def import_tensorflow(verbose, optional=False):
     """Imports TensorFlow, quietly unless `verbose`: its C++ log lines below FATAL are off
-    (`TF_CPP_MIN_LOG_LEVEL=3`, unless set), and the lines its libraries write while they load,
-    before absl's logging starts (CUDA probing, oneDNN notices, which no log level silences),
-    go to a temporary file that is shown only if the import fails. `optional`: where TensorFlow
-    is not installed, nothing happens (the command runs without it or says why it cannot)."""
+    (`TF_CPP_MIN_LOG_LEVEL=3`, unless set), and the lines its libraries write while they load
+    and find their devices (CUDA probing, oneDNN notices, which no log level silences) are held
+    and shown only if the import fails (keras_preact.quiet_tensorflow). `optional`: where
+    TensorFlow is not installed, nothing happens (the command runs without it or says why it
+    cannot)."""
     if optional:
         from . import data
 
@@ -381,20 +413,7 @@ def import_tensorflow(verbose, optional=False):
 
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    sys.stderr.flush()
-    standard_error = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            import tensorflow  # noqa: F401
-        except BaseException:
-            os.dup2(standard_error, 2)
-            captured.seek(0)
-            sys.stderr.buffer.write(captured.read())
-            raise
-        finally:
-            os.dup2(standard_error, 2)
-            os.close(standard_error)
+    quiet_tensorflow.load_quietly()
 
 
 def evaluate_command(arguments):
@@ -403,6 +422,17 @@ def evaluate_command(arguments):
     result = evaluate.evaluate(arguments.model, arguments.weights, arguments.dataset, arguments.data_dir,
                                arguments.batch_size, arguments.flip, arguments.split)
     print("\n".join(evaluate.report(arguments.model, arguments.weights, result)))
+    return 0
+
+
+def data_command(arguments):
+    folder = arguments.data_dir
+    already = os.path.exists(folder + ".done")
+    data_folder.extract(arguments.archive, folder)
+    counts = data_folder.counts(folder)
+    print(f"{'Already made' if already else 'Made'}: {folder}, {counts['train'][0]:,} training and "
+          f"{counts['test'][0]:,} test images in {counts['train'][1]} classes"
+          + (f" (remove it and {folder}.done to make it again)." if already else "."))
     return 0
 
 
@@ -506,6 +536,6 @@ def ablate_command(arguments):
     return 0
 
 
-COMMANDS = {"compare": compare_command, "evaluate": evaluate_command, "publish": publish_command, "export": export_command,
+COMMANDS = {"compare": compare_command, "data": data_command, "evaluate": evaluate_command, "publish": publish_command, "export": export_command,
             "serve": serve_command, "query": query_command, "tune": tune_command,
             "ablate": ablate_command}

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+from .data_folder import IMAGE_EXTENSIONS, ROUTE, check_folder
 # Examples held back as the test split of the digits (the last 360 of scikit-learn's
 # 1,797, about 20 % and 33-37 of each class).
 DIGITS_TEST_EXAMPLES = 360
@@ -83,8 +83,8 @@ def load(config):
     if config.dataset in TENSORFLOW_DATASETS:
         if input_pipeline_name(config) != "tensorflow":
             raise ValueError(f"dataset={config.dataset} is read through tensorflow-datasets, which needs TensorFlow. "
-                             "Received: input_pipeline=numpy. Install TensorFlow, or train on an image folder "
-                             "(dataset=folder, --data-dir DIR with DIR/train/<class>/ and DIR/test/<class>/).")
+                             f"Received: input_pipeline=numpy. Install TensorFlow, or train with --set "
+                             f"dataset=folder on {ROUTE}.")
         data = pipeline.tfds_dataset(config)
     elif config.dataset in ("digits", "folder"):
         data = digits(config) if config.dataset == "digits" else image_folder(config)
@@ -200,11 +200,7 @@ def image_folder(config):
     their size differs from `image_size`, resized.
     """
     root = config.data_dir
-    if root is None or not os.path.isdir(os.path.join(root, "train")) or not os.path.isdir(os.path.join(root, "test")):
-        raise FileNotFoundError(
-            "dataset=folder needs data_dir to be a folder with train/ and test/ subfolders of "
-            f"class folders of images. Received: data_dir={root!r}"
-        )
+    check_folder(root)
     class_names = sorted(entry.name for entry in os.scandir(os.path.join(root, "train")) if entry.is_dir())
     test_classes = sorted(entry.name for entry in os.scandir(os.path.join(root, "test")) if entry.is_dir())
     unknown = [name for name in test_classes if name not in class_names]
@@ -224,7 +220,8 @@ def image_folder(config):
                                  f"Received: data_dir={root!r}")
             labels += [label] * (len(paths) - len(labels))
         if not paths:
-            raise FileNotFoundError(f"No images in {os.path.join(root, split)}/<class>/. Received: data_dir={root!r}")
+            raise FileNotFoundError(f"No images in {os.path.join(root, split)}/<class>/: --data-dir must be "
+                                    f"{ROUTE}. Received: data_dir={root!r}")
         splits[split] = Split(items=np.array(paths), labels=np.array(labels, "int64"), image_size=config.image_size)
     return DataSet(splits["train"], splits["test"], class_names, (config.image_size, config.image_size, 3))
 

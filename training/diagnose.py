@@ -24,6 +24,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_preact  # noqa: E402
+from . import files  # noqa: E402
 from keras_preact import analysis  # noqa: E402
 
 # The paper's shortcut variants (Table 1), on pre-activation units so that, as in the
@@ -81,7 +82,7 @@ def real_images(count, data_dir=None):
 def diagnose(output, depths=(110, 164, 1001), depth=110, batch_size=16, data_dir=None, seed=0, verbose=True):
     """Measures every comparison and writes the plots and tables to `output`; returns the rows."""
     keras.utils.set_random_seed(seed)
-    os.makedirs(output, exist_ok=True)
+    files.make_directory(output, "output folder")
     images, labels = real_images(batch_size, data_dir)
     measured, rows = {}, []
     for panel, networks in comparisons(depths, depth).items():

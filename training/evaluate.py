@@ -11,13 +11,14 @@ class from the mean of its probabilities and its mirror image's (as many CIFAR z
 report); the single-crop error stays the headline.
 """
 
+import os
 import time
 
 import keras
 import numpy as np
 
 import keras_preact
-from . import configs, data
+from . import configs, data, data_folder
 from .defaults import EVALUATION_BATCH_SIZE, EVALUATION_SPLITS
 
 
@@ -30,7 +31,8 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
         weights: "cifar10" (shipped weights) or the path of a `.weights.h5` file.
         dataset: "folder" (`data_dir/{train,test}/<class>/*.jpg`) or "cifar10"
             (tensorflow-datasets, `data_dir` its data directory).
-        data_dir: the folder, or tensorflow-datasets' data directory.
+        data_dir: the folder (by default `keras-preact data`'s,
+            `training.data_folder.CIFAR10_FOLDER`), or tensorflow-datasets' data directory.
         batch_size: images per inference batch.
         flip: also measure `flip_error`, from the mean of the softmax probabilities
             of each image and of its horizontal mirror.
@@ -41,13 +43,14 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
             predictions of 10,000).
 
     Returns:
-        dict(split, error, per_class_accuracy={class name: accuracy}, images, seconds,
-        images_per_second), and flip_error with `flip`.
+        dict(split, error, per_class_accuracy={class name: accuracy}, images, seconds and
+        images_per_second (of the inference), loading_seconds (reading the data and building
+        the network)), and flip_error with `flip`.
 
     Raises:
         ValueError: for an unknown model or split, weights that do not fit, or a data set
             whose classes are not CIFAR-10's while the weights are.
-        FileNotFoundError: for a missing data directory.
+        FileNotFoundError: for a missing data directory or weights file.
     """
     if model_name not in keras_preact.MODELS:
         raise ValueError(f"Unknown model. Choose one of {keras_preact.list_models()}. Received: model={model_name!r}")
@@ -57,15 +60,24 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
         raise ValueError(f"split must be one of {list(EVALUATION_SPLITS)}. Received: split={split!r}")
     if precision not in configs.PRECISIONS:
         raise ValueError(f"precision must be one of {list(configs.PRECISIONS)}. Received: precision={precision!r}")
+    # The weights are checked before the data is read: reading it takes minutes.
+    shipped = keras_preact.pretrained.DATASETS.get(weights)
+    if shipped is not None:
+        keras_preact.pretrained.find(weights, model_name, len(shipped["classes"]), shipped["input_shape"], True)
+    elif not isinstance(weights, (str, os.PathLike)) or not os.path.isfile(weights):
+        raise FileNotFoundError(f"weights must be the path of a .weights.h5 file saved from {model_name}, or one of "
+                                f"{sorted(keras_preact.pretrained.DATASETS)}. Received: weights={weights!r}")
+    if dataset == "folder":
+        data_dir = data_folder.or_default(data_dir)
     config = configs.get_config("cifar10_cpu", [f"dataset={dataset}"])
     if data_dir is not None:
         config = config.override(f"data_dir={data_dir}")
+    loading_started = time.perf_counter()
     data_set = data.load(config)
     names = list(data_set.class_names)
-    shipped_classes = keras_preact.pretrained.DATASETS.get(weights, {}).get("classes")
-    if shipped_classes and names != list(shipped_classes):
-        raise ValueError(f"The {weights} weights classify {list(shipped_classes)}; the data set's classes differ. "
-                         f"Received: classes {names}")
+    if shipped is not None and names != list(shipped["classes"]):
+        raise ValueError(f"The {weights} weights classify {list(shipped['classes'])}; the data set's classes "
+                         f"differ. Received: classes {names}")
     policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(precision)  # layers take the policy when they are made
     try:
@@ -76,6 +88,7 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
     correct, counts = np.zeros(len(names), "int64"), np.zeros(len(names), "int64")
     flip_correct = 0
     started = time.perf_counter()
+    loading_seconds = started - loading_started
     # As NumPy, which every Keras backend takes.
     for images, labels in data.input_pipeline(config).evaluation_arrays(getattr(data_set, split), batch_size):
         logits = np.asarray(model.predict_on_batch(images), "float32")
@@ -88,7 +101,8 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
     seconds = time.perf_counter() - started
     result = dict(split=split, error=1.0 - correct.sum() / counts.sum(),
                   per_class_accuracy={name: float(hit / count) for name, hit, count in zip(names, correct, counts)},
-                  images=int(counts.sum()), seconds=seconds, images_per_second=counts.sum() / seconds)
+                  images=int(counts.sum()), seconds=seconds, images_per_second=counts.sum() / seconds,
+                  loading_seconds=loading_seconds)
     if flip:
         result["flip_error"] = 1.0 - flip_correct / counts.sum()
     return result
@@ -103,7 +117,8 @@ def report(model_name, weights, result):
     """The result as printed lines: the error, then one line per class."""
     split = EVALUATION_SPLITS[result["split"]]
     lines = [f"{model_name} ({weights}): {split} error {100 * result['error']:.2f} % on {result['images']:,} "
-             f"images ({result['seconds']:.1f} s, {result['images_per_second']:.0f} images/s)",
+             f"images (data and network loaded in {result['loading_seconds']:.1f} s, then {result['seconds']:.1f} s: "
+             f"{result['images_per_second']:.0f} images/s)",
              *([f"with the test-time flip (mean of an image's and its mirror's probabilities): {split} error "
                 f"{100 * result['flip_error']:.2f} %"] if "flip_error" in result else []),
              "class          accuracy"]

@@ -5,10 +5,12 @@ The default where TensorFlow is installed, and the pipeline of `tf.distribute`
 (`engines.TensorFlowSteps`); `input_numpy` gives the same batches without TensorFlow.
 """
 
+import socket
+
 import numpy as np
 import tensorflow as tf
 
-from . import data
+from . import data, data_folder
 from .serving import contract
 
 # Where a pipeline's decoding runs in parallel; tf.data picks the degree.
@@ -18,6 +20,9 @@ AUTOTUNE = tf.data.AUTOTUNE
 # streamed through a shuffle buffer of STREAM_SHUFFLE_BUFFER records.
 IN_MEMORY_EXAMPLES = 100_000
 STREAM_SHUFFLE_BUFFER = 20_000
+# The servers tensorflow-datasets downloads from (its cifar.py); ImageNet's archives are the
+# user's own (a manual download).
+DOWNLOAD_HOSTS = {"cifar10": "www.cs.toronto.edu", "cifar100": "www.cs.toronto.edu"}
 
 
 def prepare(split, name):
@@ -90,13 +95,22 @@ def tfds_dataset(config):
     import tensorflow_datasets as tfds
 
     builder = tfds.builder(config.dataset, data_dir=config.data_dir)
+    remedy = (f"Download it on a machine with internet access (python -m tensorflow_datasets.scripts."
+              f"download_and_prepare --datasets={config.dataset}) and pass its data directory with --data-dir, or "
+              f"train with --set dataset=folder on {data_folder.ROUTE}")
+    if not builder.is_prepared() and config.dataset in DOWNLOAD_HOSTS:
+        # Offline, tensorflow-datasets retries its download for minutes before it fails.
+        try:
+            socket.create_connection((DOWNLOAD_HOSTS[config.dataset], 443), timeout=10).close()
+        except OSError as error:
+            raise FileNotFoundError(
+                f"{config.dataset!r} is not prepared in {builder.data_dir}, and its download server "
+                f"{DOWNLOAD_HOSTS[config.dataset]} cannot be reached ({error}). {remedy}.") from None
     try:
         builder.download_and_prepare()
     except Exception as error:
         raise FileNotFoundError(
-            f"Could not find or prepare {config.dataset!r} in {builder.data_dir}: {error}. Download it on a machine "
-            "with internet access (python -m tensorflow_datasets.scripts.download_and_prepare "
-            f"--datasets={config.dataset}) and pass its data directory with --data-dir."
+            f"Could not find or prepare {config.dataset!r} in {builder.data_dir}: {error}. {remedy}."
         ) from error
     image_feature = builder.info.features["image"]
     splits = {}

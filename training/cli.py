@@ -17,6 +17,7 @@
     keras-preact serve saved_models/cifar10_resnet20        # TF Serving's REST API, locally
     keras-preact query --model cifar10_resnet20 docs/cifar10/cat_0000.jpg    # top-k classes from a server
     keras-preact tune --config cifar10_paper --data-dir ~/tensorflow_datasets   # Table 1's b_g search
+    keras-preact tune ... --chief HOST:PORT | --worker HOST:PORT --worker-id NAME  # across processes
     keras-preact ablate --table 2 --models resnet20 --set duration=2000      # Table 2, small budget
 """
 
@@ -242,6 +243,15 @@ def parser():
                               help="validation evaluations per trial (Hyperband's epochs, at least 3; default: 1)")
     tune_parser.add_argument("--no-retrain", action="store_true",
                               help="skip training the best on the whole training set")
+    tune_parser.add_argument("--gate-biases", type=int, nargs="+", metavar="B_G",
+                              help="the b_g values searched, some of 0 ... -10 (default: all eleven, the paper's)")
+    tune_parser.add_argument("--chief", metavar="HOST:PORT",
+                              help="run as the chief of a search across processes: serve the grid at HOST:PORT "
+                              "to the workers, then write the results (keras-tuner's distributed mode)")
+    tune_parser.add_argument("--worker", metavar="HOST:PORT",
+                              help="run as a worker: train the trials the chief at HOST:PORT hands out")
+    tune_parser.add_argument("--worker-id", help="a worker's name, the same each time it starts: a worker started "
+                              "again takes back its trial and goes on from its last backup")
     ablate = command(
         "ablate", help="train every variant of the paper's Table 1, 2 or 3 and set the results beside the paper's",
         description="Train every variant of a table of the paper for --seeds seeds and write the table (median, "
@@ -520,10 +530,13 @@ def tune_command(arguments):
     from . import engines, tune
 
     config = config_from(arguments)
+    tune.distribute(arguments.chief, arguments.worker, arguments.worker_id)
     engines.configure(config)
-    tune.search(config, arguments.output, arguments.gatings, arguments.tuner, arguments.trials,
-                arguments.validation_examples, arguments.rounds, retrain=not arguments.no_retrain)
-    print(f"Table and plot in {arguments.output} (gate_bias.md, gate_bias.csv, gate_bias.png).")
+    result = tune.search(config, arguments.output, arguments.gatings, arguments.tuner, arguments.trials,
+                         arguments.validation_examples, arguments.rounds, retrain=not arguments.no_retrain,
+                         gate_biases=arguments.gate_biases or tune.GATE_BIASES)
+    if result["results"] is not None:
+        print(f"Table and plot in {arguments.output} (gate_bias.md, gate_bias.csv, gate_bias.png).")
     return 0
 
 

@@ -14,13 +14,22 @@ checkpoints.
 
 Writes `gate_bias.md`, `gate_bias.csv` (b_g against validation error, the paper's test
 errors beside) and `gate_bias.png`.
+
+Across processes and machines the search runs in keras-tuner's own distributed mode: one
+chief holds the grid's oracle and serves it over gRPC, and workers ask it for trials,
+each training its trials with the config's strategy (`distribute` sets keras-tuner's
+environment variables from `--chief` and `--worker`). A trial keeps a backup in its
+folder, so that a worker started again under the same id takes its trial back and goes on
+from the last backup; a chief started again reloads the oracle from the output folder.
 """
 
 import csv
 import dataclasses
 import itertools
+import json
 import os
 
+import grpc
 import keras
 import keras_tuner
 import numpy as np
@@ -34,6 +43,8 @@ GATE_BIASES = tuple(range(0, -11, -1))
 # Table 1's test errors (%) of ResNet-110 on CIFAR-10, full recipe, median of 5 runs.
 PAPER, FAIL = ablation.GATE_BIAS_ERRORS, ablation.FAIL
 OBJECTIVE = "val_error"
+# keras-tuner's distributed mode: a process is its chief where the tuner id holds "chief".
+ORACLE_HOST, ORACLE_PORT, TUNER_ID = "KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT", "KERASTUNER_TUNER_ID"
 
 
 @keras.saving.register_keras_serializable(package="keras_preact_training")
@@ -65,24 +76,30 @@ class GateBiasHyperModel(keras_tuner.HyperModel):
             the objective is the best of them, the final one for 1.
     """
 
-    def __init__(self, config, input_shape, classes, training_examples, gatings=GATINGS, rounds=1):
+    def __init__(self, config, input_shape, classes, training_examples, gatings=GATINGS, rounds=1,
+                 gate_biases=GATE_BIASES):
         super().__init__(name="gate_bias")
         for gating in gatings:
             if gating not in GATINGS:
                 raise ValueError(f"gatings must be among {list(GATINGS)}. Received: {gating!r}")
+        check_gate_biases(gate_biases)
         self.config, self.input_shape, self.classes = config, tuple(input_shape), classes
         self.gatings, self.rounds = tuple(gatings), rounds
+        self.gate_biases = tuple(bias for bias in GATE_BIASES if bias in gate_biases)
         self.steps_per_epoch = configs.steps_per_epoch(training_examples, config.batch_size)
         self.total_steps = config.total_steps(self.steps_per_epoch)
         if self.total_steps < rounds:
             raise ValueError(f"The budget of {self.total_steps} steps is shorter than rounds={rounds}.")
+        # A checkpointed trial trains each round in `pieces` Keras epochs of about
+        # `checkpoint_every` steps, backing up after each.
+        self.pieces = -(-(self.total_steps // rounds) // config.checkpoint_every)
 
     def trial_config(self, hp):
         return dataclasses.replace(self.config, merge=hp.get("gating"), gate_bias=float(hp.get("gate_bias")))
 
     def build(self, hp):
         hp.Choice("gating", list(self.gatings))
-        hp.Choice("gate_bias", list(GATE_BIASES), ordered=True)
+        hp.Choice("gate_bias", list(self.gate_biases), ordered=True)
         config = self.trial_config(hp)
         keras.utils.set_random_seed(config.seed)  # every trial starts from the same weights' seed
         model = recipe.training_model(config, self.input_shape, self.classes, seed=config.seed)
@@ -90,39 +107,116 @@ class GateBiasHyperModel(keras_tuner.HyperModel):
                       metrics=[ClassificationError()])
         return model
 
-    def fit(self, hp, model, training, validation, callbacks=None, verbose=1, **kwargs):
+    def fit(self, hp, model, training, validation, callbacks=None, verbose=1, trial_folder=None, **kwargs):
+        """Trains a trial. With `trial_folder` (a checkpointed tuner's), the trial backs up to
+        it after each piece and, started again, goes on from its last backup; the objective
+        is then the best of its rounds' validation errors, kept in the folder across restarts."""
         images, labels = training
         batches = (tf.data.Dataset.from_tensor_slices((images, labels))
                    .shuffle(len(labels), seed=self.config.seed, reshuffle_each_iteration=True)
                    .repeat().batch(self.config.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
         rounds = kwargs.get("epochs", self.rounds)
         steps = self.total_steps // self.rounds
-        return model.fit(batches, validation_data=validation, epochs=rounds, initial_epoch=kwargs.get("initial_epoch", 0),
-                         steps_per_epoch=steps, callbacks=callbacks, verbose=verbose)
+        if trial_folder is None:
+            return model.fit(batches, validation_data=validation, epochs=rounds,
+                             initial_epoch=kwargs.get("initial_epoch", 0), steps_per_epoch=steps,
+                             callbacks=callbacks, verbose=verbose)
+        backup = os.path.join(trial_folder, "backup")
+        errors = RoundErrors(os.path.join(trial_folder, "round_errors.json"), fresh=not os.path.isdir(backup))
+        model.fit(batches, validation_data=validation, validation_freq=self.pieces, epochs=rounds * self.pieces,
+                  steps_per_epoch=steps // self.pieces, verbose=verbose,
+                  # The round's error is kept before the backup that would skip its piece.
+                  callbacks=[*(callbacks or []), errors, keras.callbacks.BackupAndRestore(backup, double_checkpoint=True)])
+        return {OBJECTIVE: min(errors.errors)}
+
+
+def check_gate_biases(gate_biases):
+    """Raises ValueError unless `gate_biases` are some of the paper's b_g values."""
+    if not gate_biases or any(bias not in GATE_BIASES for bias in gate_biases):
+        raise ValueError(f"gate_biases must be some of the paper's {list(GATE_BIASES)}. "
+                         f"Received: {list(gate_biases)}")
+
+
+class RoundErrors(keras.callbacks.Callback):
+    """The validation error of each round of a trial, in a JSON file that outlives its
+    process (a fresh trial starts it empty)."""
+
+    def __init__(self, path, fresh):
+        super().__init__()
+        self.path = path
+        if fresh and os.path.exists(path):
+            os.remove(path)
+        self.errors = []
+        if os.path.exists(path):
+            with open(path) as file:
+                self.errors = json.load(file)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs and OBJECTIVE in logs:
+            self.errors.append(float(logs[OBJECTIVE]))
+            with open(self.path + ".tmp", "w") as file:
+                json.dump(self.errors, file)
+            os.replace(self.path + ".tmp", self.path)
 
 
 class GridOracle(keras_tuner.Oracle):
     """Every combination of the search space, in order, each once: a grid search whose next
-    trial is the first combination no finished trial holds, so that a search reloaded
-    from its folder goes on where it stopped (an interrupted trial runs again).
-    keras-tuner 1.4.8's own `GridSearch` does not save the queue it walks the grid with,
-    and a reloaded grid search stops at once."""
+    trial is the first combination no trial holds yet, so that a search reloaded from its
+    folder goes on where it stopped, and workers asking at once get different trials.
+    (keras-tuner runs a trial that was running when its process stopped again, under its
+    own id, before any new one; keras-tuner 1.4.8's own `GridSearch` does not save the
+    queue it walks the grid with, and a reloaded grid search stops at once.)"""
 
     def populate_space(self, trial_id):
-        finished = [trial.hyperparameters.values for trial in self.trials.values()
-                    if trial.status != keras_tuner.engine.trial.TrialStatus.RUNNING]
+        taken = [trial.hyperparameters.values for trial in self.trials.values()]
         names = [parameter.name for parameter in self.hyperparameters.space]
         for combination in itertools.product(*(parameter.values for parameter in self.hyperparameters.space)):
             values = dict(zip(names, combination))
-            if values not in finished:
+            if values not in taken:
                 return {"status": keras_tuner.engine.trial.TrialStatus.RUNNING, "values": values}
         return {"status": keras_tuner.engine.trial.TrialStatus.STOPPED, "values": None}
 
+    def set_state(self, state):
+        super().set_state(state)
+        self.running_when_saved = dict(self.ongoing_trials)
 
+    def reload(self):
+        """The search as saved in its folder. keras-tuner hands a trial that was running out
+        again, first; in a search across processes its worker may still be training it and
+        reports it to the chief started again: there each running trial stays its worker's
+        (which also gets it back if it starts again under its id), shown as begun. This reads
+        two attributes of keras-tuner's `Oracle` that have no public API, `_retry_queue` and
+        `_display` (keras-tuner pinned to 1.4; tests/test_search.py names them)."""
+        super().reload()
+        if role() != "chief":
+            return
+        for tuner_id, trial in self.running_when_saved.items():
+            self._retry_queue.remove(trial.trial_id)
+            self.ongoing_trials[tuner_id] = trial
+            self._display.on_trial_begin(trial)
+
+
+class Checkpointed:
+    """A tuner whose trials back up to their folders (`GateBiasHyperModel.fit`): a trial
+    whose process stopped goes on from its last backup where it runs again."""
+
+    def run_trial(self, trial, *arguments, **options):
+        return super().run_trial(trial, *arguments, trial_folder=self.get_trial_dir(trial.trial_id), **options)
+
+
+class GridTuner(Checkpointed, keras_tuner.Tuner):
+    """The paper's grid (`GridOracle`), each trial checkpointed."""
+
+
+class RandomTuner(Checkpointed, keras_tuner.RandomSearch):
+    """keras-tuner's random search, each trial checkpointed."""
+
+
+# Hyperband's trials go on from earlier trials' weights: it trains them without backups.
 TUNERS = {
-    "grid": lambda hypermodel, objective, trials, seed, **common: keras_tuner.Tuner(
+    "grid": lambda hypermodel, objective, trials, seed, **common: GridTuner(
         GridOracle(objective, max_trials=trials, seed=seed), hypermodel, **common),
-    "random": lambda hypermodel, objective, trials, seed, **common: keras_tuner.RandomSearch(
+    "random": lambda hypermodel, objective, trials, seed, **common: RandomTuner(
         hypermodel, objective, max_trials=trials, seed=seed, **common),
     "hyperband": lambda hypermodel, objective, trials, seed, **common: keras_tuner.Hyperband(
         hypermodel, objective, max_epochs=hypermodel.rounds, seed=seed, **common),
@@ -130,15 +224,17 @@ TUNERS = {
 
 
 def search(config, output, gatings=GATINGS, tuner="grid", trials=None, validation_examples=DEFAULT_VALIDATION_EXAMPLES,
-           rounds=1, retrain=True, verbose=1):
+           rounds=1, retrain=True, verbose=1, gate_biases=GATE_BIASES):
     """Runs (or resumes) the search in `output`; writes its table and plot.
 
     Args:
         config: a training `Config` (model, data, recipe, budget, strategy, seed).
         output: folder of keras-tuner's state, the tables, the plot and the final run.
         gatings: which gatings to search.
+        gate_biases: which of the paper's b_g (0 to -10) to search.
         tuner: "grid" (the paper's), "random" or "hyperband".
-        trials: the most trials; `None` for the whole grid (11 per gating).
+        trials: the most trials; `None` for the whole grid (11 per gating, or the
+            `gate_biases` given).
         validation_examples: held out of the training set for the objective.
         rounds: validation evaluations per trial (Hyperband's max_epochs, at least 3).
         retrain: train the best on the whole training set and test it.
@@ -153,23 +249,35 @@ def search(config, output, gatings=GATINGS, tuner="grid", trials=None, validatio
         raise ValueError(f"trials must be a positive integer. Received: trials={trials!r}")
     if not isinstance(rounds, int) or rounds < 1 or (tuner == "hyperband" and rounds < 3):
         raise ValueError(f"rounds must be a positive integer (at least 3 for hyperband). Received: rounds={rounds!r}")
+    check_gate_biases(gate_biases)
     dataset = data.load(config)
     training_indices, validation_indices = data.validation_split(dataset.train.size, validation_examples, config.seed)
     images, labels = in_memory(dataset.train)
     training = images[training_indices], labels[training_indices]
     validation = images[validation_indices], labels[validation_indices]
     hypermodel = GateBiasHyperModel(config, dataset.image_shape, len(dataset.class_names), len(training_indices),
-                                    gatings, rounds)
+                                    gatings, rounds, gate_biases)
     strategy = None if config.strategy == "default" else engines.make_strategy(config)
     if strategy and verbose:
         print(f"Each trial runs under {type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas.")
     searcher = TUNERS[tuner](
-        hypermodel, keras_tuner.Objective(OBJECTIVE, "min"), trials or len(gatings) * len(GATE_BIASES), config.seed,
+        hypermodel, keras_tuner.Objective(OBJECTIVE, "min"), trials or len(gatings) * len(hypermodel.gate_biases),
+        config.seed,
         directory=output, project_name=f"gate_bias_{config.model}", overwrite=False, distribution_strategy=strategy,
     )
     if tuner != "hyperband":  # a resumed search keeps its saved limit unless told another
-        searcher.oracle.max_trials = trials or len(gatings) * len(GATE_BIASES)
-    searcher.search(training, validation, verbose=verbose)
+        searcher.oracle.max_trials = trials or len(gatings) * len(hypermodel.gate_biases)
+    try:
+        searcher.search(training, validation, verbose=verbose)
+    except grpc.RpcError as error:
+        raise ConnectionError(
+            f"The chief at {os.environ[ORACLE_HOST]}:{os.environ[ORACLE_PORT]} stopped answering ({error.code().name}): "
+            f"start it again with its command, then this worker with the same --worker-id "
+            f"{os.environ[TUNER_ID]}; it goes on from its trial's last backup.") from None
+    if role() == "worker":
+        print(f"Worker {os.environ[TUNER_ID]}: the search has no trial left for it; the chief writes the results "
+              f"to {output}.")
+        return dict(results=None, best=None, test_error=None)
     results = trial_results(searcher)
     best = min(results, key=lambda result: result[2])[:2] if results else None
     test_error = None
@@ -180,6 +288,43 @@ def search(config, output, gatings=GATINGS, tuner="grid", trials=None, validatio
         test_error = 100 * summary["test_error"]
     write_results(output, config, results, best, test_error, len(training_indices), len(validation_indices))
     return dict(results=results, best=best, test_error=test_error)
+
+
+def role():
+    """"chief" or "worker" in keras-tuner's distributed mode (its environment variables set),
+    else None."""
+    if ORACLE_HOST not in os.environ:
+        return None
+    return "chief" if "chief" in os.environ.get(TUNER_ID, "") else "worker"
+
+
+def distribute(chief=None, worker=None, worker_id=None):
+    """Sets keras-tuner's distributed mode for this process: the chief serving the oracle at
+    `chief` ("host:port"), or a worker named `worker_id` asking the chief at `worker`. A
+    worker started again under the same id takes back the trial it was running.
+
+    Raises:
+        ValueError: for both roles, an address that is not host:port, a worker without an
+            id or with "chief" in it, or keras-tuner's variables half set.
+    """
+    if worker_id and not worker:
+        raise ValueError(f"--worker-id names a worker (with --worker HOST:PORT). Received: --worker-id {worker_id!r}")
+    if chief and worker:
+        raise ValueError(f"A process is the chief or a worker, not both. Received: --chief {chief} --worker {worker}")
+    if not (chief or worker):
+        partial = [name for name in (ORACLE_HOST, ORACLE_PORT, TUNER_ID) if name in os.environ]
+        if partial and len(partial) < 3:
+            raise ValueError(f"keras-tuner's distributed mode needs {ORACLE_HOST}, {ORACLE_PORT} and {TUNER_ID}. "
+                             f"Received: only {', '.join(partial)}")
+        return
+    address = chief or worker
+    host, separator, port = address.rpartition(":")
+    if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"The chief's address must be host:port, the port 1-65535. Received: {address!r}")
+    if worker and (not worker_id or "chief" in worker_id):
+        raise ValueError("A worker needs --worker-id, a name of its own without \"chief\" in it, the same each "
+                         f"time it starts. Received: --worker-id {worker_id!r}")
+    os.environ.update({ORACLE_HOST: host, ORACLE_PORT: port, TUNER_ID: "chief" if chief else worker_id})
 
 
 def trial_results(searcher):

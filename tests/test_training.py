@@ -583,6 +583,10 @@ def test_commands_print_no_tensorflow_log_lines(tmp_path):
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["error: weights must be the path of a .weights.h5 file saved from resnet20, "
                                           f"or one of ['cifar10']. Received: weights={weights!r}"]
+    verbose = subprocess.run([KERAS_PREACT, "evaluate", "--verbose", "--model", "resnet20", "--weights", weights,
+                              "--data-dir", str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env={name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"})
+    assert len(verbose.stderr.splitlines()) > 1  # --verbose shows TensorFlow's lines before the error
 
 
 DEMO_RUN = os.path.join(ROOT, "docs", "runs", "digits-demo")

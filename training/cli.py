@@ -419,6 +419,7 @@ def import_tensorflow(verbose, optional=False):
         if not data.tensorflow_installed():
             return
     if verbose:
+        quiet_tensorflow.uninstall()
         import tensorflow  # noqa: F401
 
         return
@@ -436,9 +437,8 @@ def evaluate_command(arguments):
 
 
 def data_command(arguments):
-    folder = arguments.data_dir
-    already = os.path.exists(folder + ".done")
-    data_folder.extract(arguments.archive, folder)
+    already = data_folder.is_made(arguments.data_dir)
+    folder = data_folder.extract(arguments.archive, arguments.data_dir)
     counts = data_folder.counts(folder)
     print(f"{'Already made' if already else 'Made'}: {folder}, {counts['train'][0]:,} training and "
           f"{counts['test'][0]:,} test images in {counts['train'][1]} classes"
@@ -549,6 +549,6 @@ def ablate_command(arguments):
     return 0
 
 
-COMMANDS = {"compare": compare_command, "data": data_command, "evaluate": evaluate_command, "publish": publish_command, "export": export_command,
-            "serve": serve_command, "query": query_command, "tune": tune_command,
-            "ablate": ablate_command}
+COMMANDS = {"compare": compare_command, "data": data_command, "evaluate": evaluate_command,
+            "publish": publish_command, "export": export_command, "serve": serve_command, "query": query_command,
+            "tune": tune_command, "ablate": ablate_command}

@@ -55,7 +55,7 @@ def extract(archive, destination=CIFAR10_FOLDER):
     read as the data.
 
     Returns:
-        `destination`.
+        `destination`, as an absolute path.
 
     Raises:
         FileNotFoundError: for an archive that does not exist.
@@ -65,11 +65,10 @@ def extract(archive, destination=CIFAR10_FOLDER):
         raise FileNotFoundError(f"No archive at {archive}: an archive of an image folder ({LAYOUT}) is expected. "
                                 f"Received: {archive!r}")
     destination = os.path.abspath(os.path.expanduser(destination))
-    done = destination + ".done"
     os.makedirs(os.path.dirname(destination), exist_ok=True)
     with open(destination + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.exists(done) and os.path.isdir(destination):
+        if is_made(destination):
             return destination
         with tempfile.TemporaryDirectory(dir=os.path.dirname(destination), prefix=".extracting-") as scratch:
             unpack(archive, scratch)
@@ -77,9 +76,15 @@ def extract(archive, destination=CIFAR10_FOLDER):
             if os.path.exists(destination):
                 shutil.rmtree(destination)  # an extraction that stopped before it was marked done
             os.rename(root, destination)
-        with open(done, "w"):
+        with open(destination + ".done", "w"):
             pass
     return destination
+
+
+def is_made(destination):
+    """Whether `extract` made the folder `destination` to the end (its `.done` mark)."""
+    destination = os.path.abspath(os.path.expanduser(destination))
+    return os.path.isdir(destination) and os.path.exists(destination + ".done")
 
 
 def unpack(archive, folder):

@@ -8,11 +8,10 @@
 # `kill -STOP` / `kill -CONT` the python process to pause one for a benchmark. A run is
 # checkpointed every epoch (cifar10_zoo's checkpoint_every), so stopping it loses at most one.
 #
-# The data is CIFAR-10 as JPEG folders, extracted from ../shared/data/cifar10-jpeg.tar.xz into
-# ~/.cache/keras-preact/cifar10-jpeg (tar -xJf ... -C ~/.cache/keras-preact), then marked done
-# (touch ~/.cache/keras-preact/cifar10-jpeg.done: the tests' mark, without which they extract it
-# again under the running queue). A machine may come back without ~/.cache: the runs then start
-# again from their first step.
+# The data is CIFAR-10 as JPEG folders in ~/.cache/keras-preact/cifar10-jpeg, made once by
+# `.venv/bin/keras-preact data ../shared/data/cifar10-jpeg.tar.xz` (as the tests make it; its
+# cifar10-jpeg.done mark tells them it is there). A machine may come back without ~/.cache: the
+# runs then start again from their first step.
 #
 # Each finished run lands at once (scripts/land_zoo_run.py, with its rate measured alone by
 # bench/training_throughput.py --config cifar10_zoo) and leaves scripts/queue.txt in the same

@@ -4,7 +4,7 @@
     python bench/first_step.py --models resnet110 resnet164 resnet1001 --layouts separate loops
     python bench/first_step.py --models resnet20 resnet164 --layouts separate --batch 128 --phases
 
-What a new user meets (issue 16): for each network and layout, in a fresh process,
+What a new user meets: for each network and layout, in a fresh process,
 the seconds to build it (`keras_preact.get_model`), and through `model.fit` on 32x32
 random images in a `tf.data` pipeline at `--batch` (8, the README's): the seconds from
 calling `fit` to the end of its first step (tracing included), the median seconds of
@@ -12,7 +12,7 @@ the later steps, and the process's peak resident memory. Layouts: `default` (the
 model function's own choice, `scan_units=None`), `separate` (`scan_units=False`, a
 layer per unit) and `loops` (`scan_units=True`).
 
-`--phases`: where the first step of the training loop's own step goes (issue 13; the step
+`--phases`: where the first step of the training loop's own step goes (the step
 of `keras-preact` and of bench/harness.py, built before its first call as the loop
 builds it): seconds to trace it (Python building the graph) and the operations traced,
 seconds of the first call (graph optimization by Grappler, kernel creation, the step

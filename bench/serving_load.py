@@ -1,4 +1,4 @@
-"""The REST server under load and under attack, on 127.0.0.1 (issue 14's targets).
+"""The REST server under load and under attack, on 127.0.0.1.
 
     python bench/serving_load.py --models resnet20 resnet164 --clients 8 64 --requests 50
 
@@ -56,7 +56,7 @@ from tests.test_serving_battery import animated_gif_bomb  # noqa: E402
 from training_throughput import machine  # noqa: E402
 
 HALF_OPEN_CONNECTIONS = 300
-# Issue 27's targets for the onnxruntime server on an idle machine: seconds from process
+# The targets of the onnxruntime server on an idle machine: seconds from process
 # start to its first answer, and resident megabytes after the load for the zoo's ResNet-56.
 FIRST_ANSWER_SECONDS = 2.0
 RESIDENT_MEGABYTES = 200

@@ -140,7 +140,8 @@ class BatchNorm(keras.layers.BatchNormalization):
             if fused:
                 outputs, mean, variance = _tensorflow_fused_batch_norm(inputs, gamma, beta, self.epsilon)
             else:
-                axes = self._reduction_axes  # every axis but the channels', set by Keras' build
+                rank = len(inputs.shape)
+                axes = [axis for axis in range(rank) if axis != self.axis % rank]  # every axis but the channels'
                 mean, variance = ops.moments(inputs, axes=axes, synchronized=self.synchronized)
                 outputs = ops.batch_normalization(inputs, mean, variance, axis=self.axis, offset=beta, scale=gamma,
                                                   epsilon=self.epsilon)

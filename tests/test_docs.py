@@ -1,5 +1,5 @@
 """The README and the documentation pages: every Python block runs as written, the site
-builds with MkDocs in strict mode, and the README stays the short front door (issues 16, 28).
+builds with MkDocs in strict mode, and the README stays the short front door.
 
 Each ```python block of README.md and docs/*.md runs in a fresh namespace, from the
 repository's root (where `docs/cifar10/` is), with only the values on lines marked

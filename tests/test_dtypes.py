@@ -1,5 +1,5 @@
 """Every dtype policy of Keras: a network builds, trains a step with the paper's recipe and
-exports as a SavedModel under float64, float32, mixed_float16 and mixed_bfloat16 (issue 28)."""
+exports as a SavedModel under float64, float32, mixed_float16 and mixed_bfloat16."""
 
 import contextlib
 

@@ -72,7 +72,7 @@ def parser():
                        "(repeatable; `keras-preact configs` lists the fields)")
     train.add_argument("--model", help="shortcut for --set model=NAME")
     train.add_argument("--data-dir", help="tensorflow-datasets data directory, or the root of an image folder")
-    train.add_argument("--strategy", choices=["default", "one_device", "mirrored", "multi_worker", "tpu"],
+    train.add_argument("--strategy", choices=configs.STRATEGIES,
                        help="tf.distribute strategy; multi_worker reads the cluster from TF_CONFIG "
                        "(under KERAS_BACKEND=jax: default or one_device, one device)")
     train.add_argument("--run-dir", help="where checkpoints, logs, plots and the model go "
@@ -270,12 +270,14 @@ def parser():
 
 
 def add_config_arguments(command, default_model):
+    from . import configs
+
     command.add_argument("--config", default="cifar10_paper", help="the recipe and data (default: cifar10_paper)")
     command.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                          help="override a config field, e.g. --set duration=2000 (repeatable)")
     command.add_argument("--model", default=default_model, help=f"the network (default: {default_model})")
     command.add_argument("--data-dir", help="tensorflow-datasets data directory, or the root of an image folder")
-    command.add_argument("--strategy", choices=["default", "one_device", "mirrored", "multi_worker", "tpu"],
+    command.add_argument("--strategy", choices=configs.STRATEGIES,
                          help="tf.distribute strategy of each trial")
 
 

@@ -20,6 +20,8 @@ MERGES = ("addition", "no_shortcut", "constant_scaling", "exclusive_gating", "sh
           "shortcut_dropout")
 # Keras dtype policies a network trains (and `training.evaluate` evaluates) in.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+# The tf.distribute strategies a run trains under (`training.engines.make_strategy`).
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker", "tpu")
 
 
 # What `Config.__post_init__` accepts of each number field, as its error says it and as it
@@ -175,7 +177,7 @@ class Config:
             "dataset": ("digits", "cifar10", "cifar100", "imagenet2012", "folder"),
             "schedule_unit": ("steps", "epochs"),
             "schedule": ("step", "cosine"),
-            "strategy": ("default", "one_device", "mirrored", "multi_worker", "tpu"),
+            "strategy": STRATEGIES,
             "precision": PRECISIONS,
             "shortcut": ("identity", "projection"),
             "merge": MERGES,

@@ -18,14 +18,12 @@ import keras
 import numpy as np
 
 from keras_preact import stacked
-from . import checkpoints, configs, data, engines, files, plots, recipe
+from . import checkpoints, configs, data, defaults, engines, files, plots, recipe
 
 # test_* or validation_*: the split a run evaluates on (`Config.validation_examples`); hours: of
 # training steps, summed over the sessions of a resumed run.
 CSV_FIELDS = ["step", "epoch", "loss", "accuracy", "learning_rate", "test_loss", "test_error", "images_per_second",
               "validation_loss", "validation_error", "hours"]
-# Evaluation batch size: a memory bound only; results do not depend on it.
-EVALUATION_BATCH = 500
 # The weights' average (`Config.average_momentum`) is evaluated with BatchNorm statistics
 # of its own, the mean of those of this many training images in batches of
 # AVERAGE_STATISTICS_BATCH (Izmailov et al., "Averaging Weights Leads to Wider Optima",
@@ -97,7 +95,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
         steps.synchronize()
         trained = use_average() if config.average_momentum else []
         losses, correct, count = 0.0, 0, 0
-        for images, labels in pipeline.evaluation_arrays(evaluation_split, EVALUATION_BATCH):
+        for images, labels in pipeline.evaluation_arrays(evaluation_split, defaults.EVALUATION_BATCH_SIZE):
             logits = keras.ops.cast(steps.predict(images), "float32")
             labels = np.asarray(labels)
             losses += float(keras.ops.sum(per_example_loss(labels, logits)))

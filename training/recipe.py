@@ -176,9 +176,9 @@ class CoupledSGD(keras.optimizers.SGD):
     """
 
     def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, name="sgd", **kwargs):
-        # The name of the first Keras SGD of a process, so that the variables' paths, by
-        # which checkpoints are keyed (`training.loop.training_state`), stay the same:
-        # runs started before resume.
+        # The name Keras gives the first SGD of a process: checkpoints key the optimizer's
+        # variables by their paths, so every run, whichever optimizer it was made with,
+        # keeps the paths its checkpoints hold.
         super().__init__(learning_rate, momentum=momentum, nesterov=nesterov, name=name, **kwargs)
         self._weight_decays = {}
 

@@ -4,12 +4,12 @@ Loading TensorFlow prints absl's "All log messages before absl::InitializeLog()"
 and the CUDA probe's notices, and, on a machine without a GPU, an `E0000 ... failed call to
 cuInit` line at its first device query: lines a user of keras_preact reads as errors, which
 no log level silences once TensorFlow is loaded. Where keras_preact is imported before
-TensorFlow, the load (and the device query) writes its standard error to a temporary file
-that is shown only if the load fails, and its C++ logs' informational lines (XLA's
-compilation notices) are off (`TF_CPP_MIN_LOG_LEVEL=1`: warnings and errors stay); where
-TensorFlow was loaded first, its device query alone is held. A process that sets `TF_CPP_MIN_LOG_LEVEL` before TensorFlow loads chooses
-TensorFlow's lines itself and is left alone (TensorFlow sets it to 1 as it loads: 0 shows
-the device query's lines too).
+TensorFlow, the load and the first device query write their standard error to a temporary
+file that is shown only if the load fails, and the C++ logs' informational lines (XLA's
+compilation notices) are off (`TF_CPP_MIN_LOG_LEVEL=1`: warnings and errors stay). Where
+TensorFlow was loaded first, the device query alone is held. A process that sets
+`TF_CPP_MIN_LOG_LEVEL` before TensorFlow loads chooses TensorFlow's lines itself and is left
+alone (TensorFlow sets it to 1 as it loads; 0 shows the device query's lines too).
 """
 
 import contextlib
@@ -42,11 +42,11 @@ def standard_error_held():
 
 
 def load_quietly():
-    """Imports TensorFlow and finds its devices, each line they print held (see above)."""
-    with standard_error_held():
-        import tensorflow
+    """Imports TensorFlow now, as the finder loads it (see above), whatever the log level."""
+    if "tensorflow" not in sys.modules and not any(isinstance(finder, _QuietFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _QuietFinder())
+    import tensorflow
 
-        tensorflow.config.list_physical_devices()
     return tensorflow
 
 

@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-tensorflow test-jax test-torch clean
+.PHONY: demo check lint test test-tensorflow test-jax test-torch clean
 
 # Everything from the package registry (the torch extra's pinned version: this machine's
 # registry holds its CPU build; elsewhere add --extra-index-url https://download.pytorch.org/whl/cpu
@@ -25,11 +25,26 @@ demo: $(VENV)/installed
 	$(BIN)/keras-preact export --run-dir runs/demo
 	$(BIN)/keras-preact export --model resnet20 --weights cifar10 --images docs/cifar10/*.jpg
 
-# Every test on TensorFlow (the documentation site's strict build included), then the
+# The library's unit tests: its layers, networks, loops, folding and analysis on TensorFlow,
+# the largest networks left to `make test`.
+LIBRARY_TESTS := tests/test_units.py tests/test_merges.py tests/test_models.py tests/test_stacked.py \
+	tests/test_folding.py tests/test_fused.py tests/test_remat.py tests/test_analysis.py tests/test_keras_internals.py
+
+# Everyday checks, in under three minutes: lint and format (ruff, configured in pyproject.toml),
+# then the library's unit tests in one process (workers cost more than they save here).
+check: lint
+	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -m "not large and not slow" -n 0 -p no:cacheprovider \
+		--durations=5 $(LIBRARY_TESTS)
+
+lint: $(VENV)/installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Lint and format first, then every test on TensorFlow (the documentation site's strict build included), then the
 # library's tests again on JAX and on PyTorch (the largest networks, TensorFlow-only tests and
 # tests of commands, which name their own backend, left out there). pytest's exit code 5, no test collected, fails the target like
 # any other error.
-test: test-tensorflow test-jax test-torch
+test: lint test-tensorflow test-jax test-torch
 
 test-tensorflow: $(VENV)/installed
 	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest

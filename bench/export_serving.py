@@ -3,7 +3,7 @@
     python bench/export_serving.py --models resnet110 resnet164 resnet1001 --serve resnet164
 
 Prints the machine, then per model: seconds to build it, to export it with
-`training.export.export_saved_model` (three signatures, one traced network), the size
+`keras_preact_training.export.export_saved_model` (three signatures, one traced network), the size
 of the version folder, seconds to reload it with `tf.saved_model.load` and to its first
 prediction. `--serve` starts `keras-preact serve` on the exported model and
 measures requests per second from `--clients` concurrent clients, each sending

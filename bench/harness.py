@@ -18,7 +18,7 @@ Keras Applications peers (`--peers`) are measured side by side, with our network
 same depth, and so are PyTorch's (`--torch resnet50 resnet164`, `bench/torch_peers.py`,
 with the `bench` extra: torch 2.13.0's CPU build); the ratios are printed. `--unfused`
 measures each of `--models` again with BatchNorm's portable `keras.ops` path in place of
-TensorFlow's fused kernel (`keras_preact.blocks.set_fused(model, False)`), the code
+TensorFlow's fused kernel (`keras_preact.walks.set_fused(model, False)`), the code
 before the fused path, and prints what the fused kernel gains.
 """
 
@@ -63,7 +63,7 @@ def build(name, precision="float32", unfused=False, **options):
     if name in PEERS:
         return getattr(keras.applications, name)(weights=None, classifier_activation=None)
     model = keras_preact.get_model(name, classifier_activation=None, **options)
-    keras_preact.blocks.set_fused(model, not unfused)
+    keras_preact.walks.set_fused(model, not unfused)
     return model
 
 
@@ -141,7 +141,7 @@ def measure(name, steps, precision="float32", xla=False, batch=None, unfused=Fal
 
 
 def random_batch_training(model, batch, xla=False):
-    """(train_step, images): the training loop's step (`training.engines.replica_step_function`:
+    """(train_step, images): the training loop's step (`keras_preact_training.engines.replica_step_function`:
     the loss, SGD with momentum taking over the network's weight decay, `recipe.CoupledSGD`)
     on one batch of random images, as a `tf.function` (what every benchmark here times).
     The optimizer is built before the first step, as the training loop builds it."""

@@ -4,7 +4,7 @@
     python bench/runtimes.py --models resnet20 --batches 1 32 --rounds 5
 
 Prints the machine, then per model (ResNet-1001 with its units as loops, the default):
-the seconds to export it with `training.export.export_saved_model` as a SavedModel and as
+the seconds to export it with `keras_preact_training.export.export_saved_model` as a SavedModel and as
 ONNX, each with BatchNorm folded into the convolutions (the default) and as it trains
 (`fold_batch_norms=False`), and the size of what each writes; then, per batch size, the
 images/s of six ways to run the same network on normalised images: the Keras model
@@ -37,7 +37,7 @@ import tensorflow as tf  # noqa: E402
 
 import keras_preact  # noqa: E402
 from keras_preact_training import configs, export  # noqa: E402
-from keras_preact_training.serving import contract  # noqa: E402
+from keras_preact_training import contract  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from training_throughput import machine  # noqa: E402

@@ -76,11 +76,16 @@ class Served:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        # `-m training` from `source`: the working directory's package, not the installed one.
+        # The packages of `source` under their installed names (training/ is keras_preact_training), ahead
+        # of the installed ones: a benchmark of another tree, such as main's, before and after a change.
+        packages = tempfile.mkdtemp(prefix="keras-preact-source-")
+        for name, folder in (("keras_preact", "keras_preact"), ("keras_preact_training", "training")):
+            os.symlink(os.path.join(os.path.abspath(source), folder), os.path.join(packages, name))
         started = time.perf_counter()
-        self.process = subprocess.Popen([sys.executable, "-m", "training", "serve", model_dir, "--port", str(self.port),
-                                        *options],
-                                        cwd=source, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.process = subprocess.Popen([sys.executable, "-m", "keras_preact_training", "serve", model_dir, "--port",
+                                         str(self.port), *options],
+                                        env=dict(os.environ, PYTHONPATH=packages), stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True)
         line = self.process.stdout.readline()
         if not line.startswith("Serving"):
             raise RuntimeError(f"the server did not start: {line!r}")

@@ -15,8 +15,8 @@ from keras_preact import quiet_tensorflow
 # keras_preact, or a light module such as `keras_preact.defaults`, imports neither Keras nor
 # its backend until a layer or network is asked for (`keras-preact --help` answers at
 # once).
-_SUBMODULES = ("analysis", "architectures", "blocks", "defaults", "folding", "merges", "models", "pretrained",
-               "quiet_tensorflow", "shortcuts", "stacked", "units")
+_SUBMODULES = ("analysis", "architectures", "blocks", "defaults", "folding", "layouts", "merges", "models",
+               "pretrained", "quiet_tensorflow", "shortcuts", "stacked", "units", "walks")
 _NAMES = {
     "architectures": ("ARCHITECTURES", "Architecture"),
     "folding": ("fold_batch_norms",),
@@ -24,7 +24,8 @@ _NAMES = {
                "ShortcutOnlyGating"),
     "models": ("MODELS", "CifarResNet", "ResNet", "ResNet18", "ResNet20", "ResNet32", "ResNet34", "ResNet44",
                "ResNet50", "ResNet56", "ResNet101", "ResNet110", "ResNet110OneLayer", "ResNet152", "ResNet164",
-               "ResNet200", "ResNet1001", "ResNet1202", "copy_weights", "get_model", "list_models", "separate_units"),
+               "ResNet200", "ResNet1001", "ResNet1202", "get_model", "list_models"),
+    "layouts": ("copy_weights", "separate_units"),
     "pretrained": ("decode_predictions", "preprocess_input"),
     "stacked": ("StackedUnits",),
     "units": ("BatchNormAfterAdditionUnit", "OriginalUnit", "PreActivationUnit", "ReLUBeforeAdditionUnit",

@@ -18,11 +18,13 @@ Reference:
 
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
 
 import keras
 import numpy as np
+from numpy.typing import ArrayLike
 
-from keras_preact import models, stacked
+from keras_preact import layouts, walks
 from keras_preact import units as unit_layers
 
 
@@ -58,23 +60,25 @@ class IdentityCheck:
         return self.output_error == 0.0 and self.jacobian_error == 0.0
 
 
-def residual_units(model):
+def residual_units(model: keras.Model) -> list[unit_layers.ResidualUnit]:
     """The residual units of `model`, in order; a model that runs units in loops
-    (`scan_units=True`) is first rebuilt with separate units (`models.separate_units`,
+    (`scan_units=True`) is first rebuilt with separate units (`layouts.separate_units`,
     the same weights), whose units these are.
     """
-    model = models.separate_units(model)
+    model = layouts.separate_units(model)
     return [layer for layer in model.layers if isinstance(layer, unit_layers.ResidualUnit)]
 
 
-def propagation(model, images, labels, loss=None):
+def propagation(
+    model: keras.Model, images: ArrayLike, labels: ArrayLike, loss: Callable | None = None
+) -> list[UnitStatistics]:
     """Forward and backward statistics of every residual unit, in training mode.
 
     Args:
         model: a keras-preact network, or any Keras model whose layers form a chain
             (each reads the previous one's output) and include residual units. Units
             run as loops are measured one by one in the same network of separate
-            units (`models.separate_units`).
+            units (`layouts.separate_units`).
         images: a batch of inputs the model takes.
         labels: integer labels of the batch.
         loss: `loss(labels, outputs)`; cross-entropy on the model's outputs (logits,
@@ -88,8 +92,8 @@ def propagation(model, images, labels, loss=None):
         ValueError: for a model that is not a chain or has no residual unit, or a
             backend other than tensorflow, jax and torch.
     """
-    model = models.separate_units(model)
-    layers = models.chain_layers(model)
+    model = layouts.separate_units(model)
+    layers = walks.chain_layers(model)
     units = [layer for layer in layers if isinstance(layer, unit_layers.ResidualUnit)]
     if not units:
         raise ValueError(f"propagation() needs a model with residual units. Received: model={model.name!r}")
@@ -134,7 +138,9 @@ def propagation(model, images, labels, loss=None):
     return statistics
 
 
-def identity_mapping(units, inputs, training=True):
+def identity_mapping(
+    units: Sequence[unit_layers.ResidualUnit], inputs: ArrayLike, training: bool = True
+) -> IdentityCheck:
     """Eqns. 4-5 checked exactly: with every residual branch zeroed, does the stack of
     `units` map x_l to x_L = x_l, with dx_L/dx_l = I?
 
@@ -171,7 +177,9 @@ def identity_mapping(units, inputs, training=True):
     )
 
 
-def shortcut_gains(units, inputs, training=True):
+def shortcut_gains(
+    units: Sequence[unit_layers.ResidualUnit], inputs: ArrayLike, training: bool = True
+) -> list[float]:
     """Eqn. 8's direct term, measured: ||dE/dx_l|| / ||dE/dx_L|| for every unit l of the
     stack, on copies of `units` with their residual branches zeroed (F = 0).
 
@@ -205,7 +213,7 @@ def shortcut_gains(units, inputs, training=True):
     return [norm / norms[-1] for norm in norms]
 
 
-def set_batch_norm_statistics(model, images):
+def set_batch_norm_statistics(model: keras.Model, images: ArrayLike) -> None:
     """Sets every BatchNorm's moving mean and variance to the statistics of `images`.
 
     An untrained deep network has moving statistics of 0 and 1, and in inference mode a
@@ -215,7 +223,7 @@ def set_batch_norm_statistics(model, images):
     the values per channel; see `keras_preact.blocks.BatchNorm`): what export and
     serving tests of untrained networks need.
     """
-    layers = [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
+    layers = walks.batch_norms(model)
     momenta = [layer.momentum for layer in layers]
     for layer in layers:
         layer.momentum = 0.0
@@ -226,7 +234,7 @@ def set_batch_norm_statistics(model, images):
             layer.momentum = momentum
 
 
-def stage_units(model, stage):
+def stage_units(model: keras.Model, stage: int) -> list[unit_layers.ResidualUnit]:
     """The units of `stage` (1, 2, ...) of a keras-preact network whose shortcut is the identity."""
     prefix = f"stage{stage}_"
     units = [unit for unit in residual_units(model) if unit.name.startswith(prefix) and unit.shortcut == "identity"]

@@ -89,7 +89,7 @@ class BatchNorm(keras.layers.BatchNormalization):
       (tested to float rounding). Other backends, other layouts and synchronized statistics
       (which the fused kernel cannot reduce across replicas) and float64 take the
       `keras.ops` path.
-      `fused=False` (or `set_fused(model, False)` for every BatchNorm of a network) turns
+      `fused=False` (or `keras_preact.walks.set_fused(model, False)` for every BatchNorm of a network) turns
       the fused path off: a setting to measure and test one path against the other (the
       training config's `fused_batch_norm`), saved in the layer's config.
     - **Batch statistics can be handed out** instead of updating the moving averages:
@@ -196,23 +196,6 @@ class StatisticsCollector:
     def __exit__(self, *exception):
         for layer in self.layers:
             layer.collector = None
-
-
-def set_fused(model, fused):
-    """Sets `BatchNorm.fused` on every BatchNorm of `model` (those of stacked units too); call
-    it before the first call that is traced. Returns how many were set.
-
-    Units build their BatchNorms themselves, so a unit rebuilt from a saved model has the
-    default (fused) again: the same computation to float rounding.
-    """
-    from keras_preact import stacked  # here: stacked imports this module
-
-    if not isinstance(fused, bool):
-        raise ValueError(f"fused must be True or False. Received: fused={fused!r}")
-    norms = [layer for layer in stacked.all_layers(model) if isinstance(layer, BatchNorm)]
-    for norm in norms:
-        norm.fused = fused
-    return len(norms)
 
 
 def batch_norm(weight_decay, name, dtype=None):

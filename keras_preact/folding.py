@@ -14,10 +14,10 @@ import itertools
 import keras
 from keras import ops
 
-from keras_preact import blocks, models, stacked, units
+from keras_preact import blocks, stacked, units, walks
 
 
-def fold_batch_norms(model):
+def fold_batch_norms(model: keras.Model) -> keras.Model:
     """A copy of `model` for inference with its BatchNorms folded into their convolutions.
 
     The copy has the layers, names and layout (separate units or loops) of `model` and
@@ -47,7 +47,7 @@ def fold_batch_norms(model):
     >>> folded.folded_batch_norms  # the stem's and one per unit
     10
     """
-    models.chain_layers(model)  # raises for a model it cannot walk
+    walks.chain_layers(model)  # raises for a model it cannot walk
     folded = keras.models.clone_model(model)
     folded.set_weights(model.get_weights())
     pairs = folding_pairs(folded)
@@ -81,7 +81,7 @@ def folding_pairs(model):
     `variable_of` maps a variable of the two layers to the one holding its values (in a
     `StackedUnits`, the stacked variable of every unit)."""
     own = lambda variable: variable  # noqa: E731
-    layers = models.chain_layers(model)
+    layers = walks.chain_layers(model)
     pairs = [(conv, norm, own) for conv, norm in itertools.pairwise(layers)
              if isinstance(conv, blocks.SymmetricConv2D) and isinstance(norm, blocks.BatchNorm)]
     for layer in layers:

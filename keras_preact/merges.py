@@ -57,7 +57,7 @@ class ConstantScaling(Merge):
         residual_scale: 1 (the paper's "0.5 / 1" row) or 1 - lambda ("0.5 / 0.5").
     """
 
-    def __init__(self, shortcut_scale=0.5, residual_scale=1.0, **kwargs):
+    def __init__(self, shortcut_scale: float = 0.5, residual_scale: float = 1.0, **kwargs):
         super().__init__(**kwargs)
         for argument, value in (("shortcut_scale", shortcut_scale), ("residual_scale", residual_scale)):
             if not defaults.is_finite_number(value):
@@ -83,7 +83,7 @@ class Gate(Merge):
             decay (see `copy_for_unit`).
     """
 
-    def __init__(self, gate_bias=0.0, weight_decay=0.0, **kwargs):
+    def __init__(self, gate_bias: float = 0.0, weight_decay: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         if not defaults.is_finite_number(gate_bias):
             raise ValueError(f"gate_bias must be a finite number. Received: gate_bias={gate_bias!r}")
@@ -139,7 +139,7 @@ class ShortcutDropout(Merge):
     Dropout scales the kept values by 1 / (1 - rate) while training, as Caffe's does.
     """
 
-    def __init__(self, rate=0.5, seed=None, **kwargs):
+    def __init__(self, rate: float = 0.5, seed: int | None = None, **kwargs):
         super().__init__(**kwargs)
         if not defaults.is_finite_number(rate) or not 0 <= rate < 1:
             raise ValueError(f"rate must be a number in [0, 1). Received: rate={rate!r}")

@@ -7,13 +7,13 @@
 
 import functools
 import inspect
+from collections.abc import Callable
 import os
-import re
 import warnings
 
 import keras
 
-from keras_preact import architectures, blocks, defaults, merges, pretrained, stacked, units
+from keras_preact import architectures, blocks, defaults, layouts, merges, pretrained, stacked, units
 
 POOLINGS = (None, "avg", "max")
 # `include_preprocessing`'s per-channel (mean, std) on the 0-255 scale, by stem: CIFAR-10's
@@ -23,25 +23,25 @@ PREPROCESSING = {"cifar": (defaults.CIFAR10_MEAN, defaults.CIFAR10_STD),
 
 
 def ResNet(
-    architecture,
-    unit="preactivation",
-    shortcut="identity",
-    merge=None,
-    downsample_shortcut=None,
-    stride_on=None,
-    weight_decay=0.0,
-    rematerialize=False,
-    scan_units=None,
-    include_top=True,
-    include_preprocessing=False,
-    weights=None,
-    input_tensor=None,
-    input_shape=None,
-    pooling=None,
-    classes=None,
-    classifier_activation="softmax",
-    name=None,
-):
+    architecture: str | architectures.Architecture,
+    unit: str = "preactivation",
+    shortcut: str = "identity",
+    merge: merges.Merge | None = None,
+    downsample_shortcut: str | None = None,
+    stride_on: str | None = None,
+    weight_decay: float = 0.0,
+    rematerialize: bool = False,
+    scan_units: bool | None = None,
+    include_top: bool = True,
+    include_preprocessing: bool = False,
+    weights: str | os.PathLike | None = None,
+    input_tensor: keras.KerasTensor | None = None,
+    input_shape: tuple[int | None, ...] | None = None,
+    pooling: str | None = None,
+    classes: int | None = None,
+    classifier_activation: str | Callable | None = "softmax",
+    name: str | None = None,
+) -> keras.Model:
     """Builds a residual network of the paper.
 
     Args:
@@ -191,7 +191,7 @@ def ResNet(
             if stack:
                 # Units 2 to the last are the same function of different weights.
                 x = stacked.StackedUnits(
-                    residual_unit, unit_count - 1, rematerialize=rematerialize, name=stacked_name(stage, unit_count)
+                    residual_unit, unit_count - 1, rematerialize=rematerialize, name=layouts.stacked_name(stage, unit_count)
                 )(x)
                 break
             x = residual_unit(x)
@@ -220,7 +220,7 @@ def ResNet(
         trained = ResNet(architecture, unit=unit, include_preprocessing=include_preprocessing, scan_units=False,
                          classes=len(pretrained.DATASETS[weights]["classes"]), classifier_activation=classifier_activation)
         load_weights_file(trained, pretrained.verified_file(shipped))
-        copy_weights(trained, model)
+        layouts.copy_weights(trained, model)
     elif weights is not None:
         # The same network in the other layout, for a file saved from it.
         other_layout = functools.partial(
@@ -248,7 +248,7 @@ def load_weights_file(model, path, other_layout=None):
 
     `other_layout`: where given, a function that builds the same network with the other
     `scan_units` layout; a file that does not fit `model` is then tried in that network
-    and, if it fits there, its weights are copied into `model` (`copy_weights`).
+    and, if it fits there, its weights are copied into `model` (`layouts.copy_weights`).
 
     Raises:
         ValueError: for a file that cannot be read or fits neither layout.
@@ -271,7 +271,7 @@ def load_weights_file(model, path, other_layout=None):
         except Exception:
             pass
         else:
-            copy_weights(other, model)
+            layouts.copy_weights(other, model)
             return
     raise ValueError(f"Could not load the weights file {os.fspath(path)} into {model.name} (a truncated, "
                      f"corrupt file, or one saved from another network): {failure}") from failure
@@ -282,111 +282,6 @@ def _preactivation(stage, index):
     if index > 1:
         return "residual"
     return "none" if stage == 1 else "shared"
-
-
-def stacked_name(stage, unit_count):
-    """The name of the `StackedUnits` layer that holds units 2 to `unit_count` of `stage`."""
-    return f"stage{stage}_units2to{unit_count}"
-
-
-STACKED_NAME = re.compile(r"stage(\d+)_units(\d+)to(\d+)")
-
-
-def _unit_names(layer):
-    """The names a layer's units have in a network of separate units."""
-    match = STACKED_NAME.fullmatch(layer.name) if isinstance(layer, stacked.StackedUnits) else None
-    if match is None:
-        return [layer.name]
-    stage, first, last = map(int, match.groups())
-    return [f"stage{stage}_unit{index}" for index in range(first, last + 1)]
-
-
-def copy_weights(source, target):
-    """Copies every weight of `source` into `target`, the same network in either layout.
-
-    The two may differ in `scan_units`: a `StackedUnits` layer's slices go to or come
-    from the separate units of the same names (`stage1_unit2`, ...).
-
-    Raises:
-        ValueError: if a layer or unit of `target` has no counterpart in `source`, or
-            their weights differ in number or shape.
-    """
-    weights = {}
-    for layer in source.layers:
-        for index, name in enumerate(_unit_names(layer)):
-            weights[name] = layer.unit_weights(index) if isinstance(layer, stacked.StackedUnits) else layer.get_weights()
-    for layer in target.layers:
-        if not layer.weights:  # inputs, pooling, ReLU: nothing to copy, whatever the source has
-            continue
-        names = _unit_names(layer)
-        missing = [name for name in names if name not in weights]
-        if missing:
-            raise ValueError(
-                f"copy_weights needs the same network in both models; {source.name} has no layers "
-                f"{missing[:3]}{' ...' if len(missing) > 3 else ''}. Received: source={source.name}, "
-                f"target={target.name}"
-            )
-        if isinstance(layer, stacked.StackedUnits):
-            for index, name in enumerate(names):
-                layer.set_unit_weights(index, weights[name])
-        else:
-            layer.set_weights(weights[layer.name])
-
-
-def separate_units(model):
-    """`model` with each loop of units (`StackedUnits`) as separate units, the same weights.
-
-    The network a model function builds with `scan_units=False`, made from any model
-    whose layers form a chain (every keras-preact network): for `keras_preact.analysis`,
-    which measures units one by one, or to save a file in the other layout. A model
-    without loops is returned as it is.
-
-    Raises:
-        ValueError: for a model with loops whose layers do not form a chain.
-    """
-    if not any(isinstance(layer, stacked.StackedUnits) for layer in model.layers):
-        return model
-    inputs = keras.Input(shape=model.inputs[0].shape[1:], dtype=model.inputs[0].dtype, name=model.inputs[0].name)
-    x = inputs
-    for layer in chain_layers(model):
-        if isinstance(layer, stacked.StackedUnits):
-            unit_config = layer.unit.get_config()
-            for name in _unit_names(layer):
-                x = type(layer.unit).from_config({**unit_config, "name": name})(x)
-        else:
-            x = type(layer).from_config(layer.get_config())(x)
-    separate = keras.Model(inputs, x, name=model.name)
-    copy_weights(model, separate)
-    return separate
-
-
-def is_chain(model):
-    """Whether the layers of `model` form a chain (`chain_layers`)."""
-    try:
-        chain_layers(model)
-    except ValueError:
-        return False
-    return True
-
-
-def chain_layers(model):
-    """The layers of `model` after its input, checked to form a chain (each reads the
-    previous one's output).
-
-    Raises:
-        ValueError: naming the first layer that reads another tensor.
-    """
-    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
-    previous = model.inputs[0]
-    for layer in layers:
-        if layer.input is not previous:
-            raise ValueError(
-                "This needs a model whose layers form a chain, each reading the previous one's output "
-                f"(every keras-preact network does). Received: layer {layer.name!r} of model "
-                f"{model.name!r} reads another tensor"
-            )
-        previous = layer.output
-    return layers
 
 
 def _check_weights(weights):
@@ -473,7 +368,7 @@ FINAL_ACTIVATIONS = {
 }
 
 
-def CifarResNet(depth, form="basic", **kwargs):
+def CifarResNet(depth: int, form: str = "basic", **kwargs) -> keras.Model:
     """A CIFAR network of any depth: 6n+2 for "basic", 9n+2 for "bottleneck" and 3n+2
     for "single" units. Takes the `ResNet` arguments.
 
@@ -492,6 +387,7 @@ def _named(architecture_name, description):
     builder.architecture_name = architecture_name
     signature = inspect.signature(ResNet)
     builder.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
+    builder.__annotations__ = {name: kind for name, kind in ResNet.__annotations__.items() if name != "architecture"}
     builder.__doc__ = (
         f"{description}\n\nPre-activation units unless `unit=` says otherwise; takes the `ResNet` "
         f"arguments. Architecture: `ARCHITECTURES[{architecture_name!r}]`."
@@ -527,12 +423,12 @@ for _builder in NAMED_BUILDERS:
     MODELS[f"{_builder.architecture_name}_original"] = functools.partial(_builder, unit="original")
 
 
-def list_models():
+def list_models() -> list[str]:
     """The names of every registered network, for `get_model`."""
     return sorted(MODELS)
 
 
-def get_model(name, **kwargs):
+def get_model(name: str, **kwargs) -> keras.Model:
     """Builds the registered network `name` (see `list_models()`) with `ResNet` arguments.
 
     Raises:

@@ -16,6 +16,7 @@ import os
 
 import keras
 from keras import ops
+from numpy.typing import ArrayLike
 
 from keras_preact import defaults
 from keras_preact.checksums import sha256
@@ -120,7 +121,7 @@ def verified_file(entry):
     return path
 
 
-def preprocess_input(images, dataset="cifar10"):
+def preprocess_input(images: ArrayLike, dataset: str = "cifar10") -> keras.KerasTensor:
     """Normalises 0-255 pixels as the shipped networks were trained: (pixels - mean) / std
     per channel, with CIFAR-10's statistics (`keras_preact.defaults.CIFAR10_MEAN`, `_STD`).
 
@@ -145,7 +146,9 @@ def normalization(mean, std, name="normalization"):
     return keras.layers.Normalization(mean=mean, variance=[value**2 for value in std], name=name)
 
 
-def decode_predictions(predictions, top=5, dataset="cifar10"):
+def decode_predictions(
+    predictions: ArrayLike, top: int = 5, dataset: str = "cifar10"
+) -> list[list[tuple[int, str, float]]]:
     """The `top` classes of each row of `predictions` (probabilities or logits of the data set's
     classes), best first, as Keras Applications' `decode_predictions` gives them.
 

@@ -16,7 +16,7 @@ from keras_preact import blocks, defaults
 class Shortcut(keras.layers.Layer):
     """Base class: a shortcut that maps `(H, W, C_in)` to `(H/s, W/s, output_channels)`."""
 
-    def __init__(self, output_channels, strides=1, weight_decay=0.0, **kwargs):
+    def __init__(self, output_channels: int, strides: int = 1, weight_decay: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         if not defaults.is_integer(output_channels) or output_channels < 1:
             raise ValueError(
@@ -87,7 +87,9 @@ class ProjectionShortcut(Shortcut):
     reads an already normalized and activated tensor).
     """
 
-    def __init__(self, output_channels, strides=1, normalize=True, weight_decay=0.0, **kwargs):
+    def __init__(
+        self, output_channels: int, strides: int = 1, normalize: bool = True, weight_decay: float = 0.0, **kwargs
+    ):
         super().__init__(output_channels, strides, weight_decay, **kwargs)
         self.normalize = bool(normalize)
         self.conv = blocks.SymmetricConv2D(

@@ -5,7 +5,7 @@ same width, stride 1, the same shortcut. `StackedUnits` keeps the weights of tho
 units stacked along a leading axis and runs them with `keras.ops.scan`, so that a
 network traces, compiles, exports and loads one unit per stage instead of up to 110
 (ResNet-1001). The units compute what the same units as separate layers do (to float
-rounding); `keras_preact.models.copy_weights` moves weights between the two layouts.
+rounding); `keras_preact.layouts` converts a network between the two layouts.
 """
 
 import keras
@@ -50,7 +50,7 @@ class StackedUnits(keras.layers.Layer):
     (2, 32, 32, 64)
     """
 
-    def __init__(self, unit, count, rematerialize=False, **kwargs):
+    def __init__(self, unit: units_module.ResidualUnit, count: int, rematerialize: bool = False, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(unit, units_module.ResidualUnit) or unit.built:
             raise ValueError(
@@ -142,7 +142,10 @@ class StackedUnits(keras.layers.Layer):
             if training:
                 # Only while training does a unit change its state (BatchNorm's moving
                 # averages); the loop carries the new values out, to be assigned once.
-                state = [ops.stop_gradient(ops.slice_update(stacked, [index] + [0] * len(new.shape), new[None]))
+                # The start indices all of the index's integer type (JAX with 64-bit types on
+                # would make Python's zeros int64).
+                state = [ops.stop_gradient(ops.slice_update(stacked, [index] + [ops.zeros_like(index)] * len(new.shape),
+                                                            new[None]))
                          for stacked, new in zip(state, updated)]
             return (x, state), None
 
@@ -193,28 +196,3 @@ class StackedUnits(keras.layers.Layer):
         config = dict(config)
         config["unit"] = keras.saving.deserialize_keras_object(config["unit"])
         return cls(**config)
-
-
-def all_layers(model):
-    """Every layer inside `model`, with the layers of each `StackedUnits`' unit, which
-    Keras' own layer walk does not reach (they hold no weights of the model)."""
-    layers = []
-    for layer in model._flatten_layers(include_self=False):
-        layers.append(layer)
-        if isinstance(layer, StackedUnits):
-            layers.extend(layer.unit._flatten_layers())
-    return layers
-
-
-def moving_statistics(model):
-    """The moving means and variances of every BatchNorm of `model`: for a BatchNorm in a
-    `StackedUnits` layer, the stacked variables that hold them for all its units."""
-    statistics = []
-    for layer in model._flatten_layers(include_self=False):
-        if isinstance(layer, keras.layers.BatchNormalization):
-            statistics += [layer.moving_mean, layer.moving_variance]
-        elif isinstance(layer, StackedUnits):
-            for norm in layer.unit._flatten_layers():
-                if isinstance(norm, keras.layers.BatchNormalization):
-                    statistics += [layer.stacked(norm.moving_mean), layer.stacked(norm.moving_variance)]
-    return statistics

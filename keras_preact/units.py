@@ -90,14 +90,14 @@ class ResidualUnit(keras.layers.Layer):
 
     def __init__(
         self,
-        filters,
-        form="basic",
-        strides=1,
-        shortcut="identity",
-        merge=None,
-        stride_on="first",
-        weight_decay=0.0,
-        rematerialize=False,
+        filters: int,
+        form: str = "basic",
+        strides: int = 1,
+        shortcut: str = "identity",
+        merge: merges.Merge | None = None,
+        stride_on: str = "first",
+        weight_decay: float = 0.0,
+        rematerialize: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -236,7 +236,7 @@ class OriginalUnit(ResidualUnit):
     >>> unit = OriginalUnit(16, merge=keras_preact.merges.ExclusiveGating(gate_bias=-6))
     """
 
-    def __init__(self, filters, **kwargs):
+    def __init__(self, filters: int, **kwargs):
         super().__init__(filters, **kwargs)
         self.norms = self.batch_norms(range(1, len(self.convs) + 1))
 
@@ -252,7 +252,7 @@ class OriginalUnit(ResidualUnit):
 class BatchNormAfterAdditionUnit(ResidualUnit):
     """Fig. 4(b): BatchNorm moved after the addition, x_{l+1} = ReLU(BN(h(x) + F(x)))."""
 
-    def __init__(self, filters, **kwargs):
+    def __init__(self, filters: int, **kwargs):
         super().__init__(filters, **kwargs)
         self.norms = self.batch_norms(range(1, len(self.convs) + 1))
 
@@ -276,7 +276,7 @@ class ReLUBeforeAdditionUnit(ResidualUnit):
     results (Table 2).
     """
 
-    def __init__(self, filters, **kwargs):
+    def __init__(self, filters: int, **kwargs):
         super().__init__(filters, **kwargs)
         self.norms = self.batch_norms(range(1, len(self.convs) + 1))
 
@@ -303,7 +303,7 @@ class PreActivatedUnit(ResidualUnit):
         **kwargs: the `ResidualUnit` arguments.
     """
 
-    def __init__(self, filters, preactivation="residual", **kwargs):
+    def __init__(self, filters: int, preactivation: str = "residual", **kwargs):
         super().__init__(filters, **kwargs)
         check_choice("preactivation", preactivation, PREACTIVATIONS)
         self.preactivation = preactivation
@@ -330,7 +330,7 @@ class ReLUOnlyPreActivationUnit(PreActivatedUnit):
 
     final_activation = ("relu",)
 
-    def __init__(self, filters, **kwargs):
+    def __init__(self, filters: int, **kwargs):
         super().__init__(filters, **kwargs)
         self.norms = self.batch_norms(range(1, len(self.convs) + 1))
 
@@ -370,7 +370,7 @@ class PreActivationUnit(PreActivatedUnit):
     normalize_projection = False
     final_activation = ("batch_norm", "relu")
 
-    def __init__(self, filters, **kwargs):
+    def __init__(self, filters: int, **kwargs):
         super().__init__(filters, **kwargs)
         first = 2 if self.preactivation == "none" else 1
         self.norms = self.batch_norms(range(first, len(self.convs) + 1))

@@ -90,8 +90,7 @@ def queue(where):
 
 def newest_checkpoint(run_dir):
     """(step, path) of the newest checkpoint of `run_dir`, .npz or TensorFlow's, or (None, None)."""
-    sys.path.insert(0, ROOT)
-    from training import checkpoints
+    from keras_preact_training import checkpoints
 
     return next(iter(checkpoints.newest_first(os.path.join(run_dir, "checkpoints"))), (None, None))
 
@@ -107,8 +106,7 @@ def working_tree_bytes():
 def pack(runs=CPU_RUNS, wheels=True, archive=ARCHIVE, output=PACK, entries=None):
     """Fills `output` (.gpu/) with the wheels, the CIFAR-10 archive (None: none) and the newest
     checkpoints of the queued runs (`entries`; scripts/queue.txt's "gpu" runs by default)."""
-    sys.path.insert(0, ROOT)
-    from training import checkpoints
+    from keras_preact_training import checkpoints
 
     shutil.rmtree(output, ignore_errors=True)
     os.makedirs(os.path.join(output, "runs"))
@@ -192,7 +190,8 @@ def fill(device_root, entries):
             processes = json.load(file)
     site = os.path.join(device_root, "site")
     environment = dict(os.environ, KERAS_BACKEND=settings["backend"], PYTHONUNBUFFERED="1",
-                       PYTHONPATH=os.pathsep.join([site, ROOT] if os.path.isdir(site) else [ROOT]),
+                       PYTHONPATH=os.pathsep.join([site, source_packages(device_root)] if os.path.isdir(site)
+                                                  else [source_packages(device_root)]),
                        XLA_PYTHON_CLIENT_MEM_FRACTION=f"{GPU_MEMORY_SHARE / settings['concurrent']:.3f}")
     for name, arguments in entries:
         run_dir = os.path.join(runs, name)
@@ -203,13 +202,26 @@ def fill(device_root, entries):
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "output.txt"), "ab") as output:
             process = subprocess.Popen(
-                [sys.executable, "-m", "training", "train", *arguments, "--data-dir",
+                [sys.executable, "-m", "keras_preact_training", "train", *arguments, "--data-dir",
                  os.path.join(device_root, "cifar10-jpeg"), "--run-dir", run_dir], cwd=ROOT, env=environment,
                 stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
         processes[name] = process.pid
         with open(path, "w") as file:
             json.dump(processes, file)
         print(f"{name}: started (pid {process.pid}): {' '.join(arguments)}")
+
+
+def source_packages(device_root):
+    """A folder of `device_root` in which the working tree's packages have their installed names
+    (`training/` is `keras_preact_training`, as pyproject.toml installs it), for PYTHONPATH on a
+    device where keras-preact is not installed."""
+    folder = os.path.join(device_root, "packages")
+    os.makedirs(folder, exist_ok=True)
+    for name, source in (("keras_preact", "keras_preact"), ("keras_preact_training", "training")):
+        link = os.path.join(folder, name)
+        if not os.path.islink(link):
+            os.symlink(os.path.join(ROOT, source), link)
+    return folder
 
 
 def running(device_root=DEVICE_ROOT):

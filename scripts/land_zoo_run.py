@@ -15,13 +15,11 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import types
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from keras_preact_training import data, plots, zoo
 
-from training import data, plots, zoo  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def replace_block(text, block, start, what):

@@ -32,7 +32,7 @@ for entry in "${QUEUE[@]}"; do
   mkdir -p "$RUNS/$name"
   echo "$(date -u +%FT%TZ) start $name: $arguments" >> "$RUNS/queue.log"
   # shellcheck disable=SC2086  (the arguments are words)
-  nice -n 10 "$PYTHON" -m training train $arguments --data-dir "$DATA" --run-dir "$RUNS/$name" \
+  nice -n 10 "$PYTHON" -m keras_preact_training train $arguments --data-dir "$DATA" --run-dir "$RUNS/$name" \
     < /dev/null >> "$RUNS/$name/output.txt" 2>&1
   status=$?
   echo "$(date -u +%FT%TZ) end $name: exit $status" >> "$RUNS/queue.log"

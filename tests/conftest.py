@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 
@@ -33,6 +34,27 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(autouse=True)
 def _seeded():
     keras.utils.set_random_seed(1603)
+
+
+@contextlib.contextmanager
+def dtype_policy(name):
+    """Keras' global policy `name` (float64 also as floatx, as `keras.config.set_floatx`
+    users set it, and with JAX's 64-bit types on), put back after."""
+    floatx, policy = keras.config.floatx(), keras.config.dtype_policy()
+    sixty_four_bits = contextlib.nullcontext()
+    if name == "float64":
+        keras.config.set_floatx("float64")
+        if keras.backend.backend() == "jax":
+            import jax
+
+            sixty_four_bits = jax.enable_x64(True)
+    keras.config.set_dtype_policy(name)
+    try:
+        with sixty_four_bits:
+            yield
+    finally:
+        keras.config.set_floatx(floatx)
+        keras.config.set_dtype_policy(policy)
 
 
 def random_images(shape, seed=0):

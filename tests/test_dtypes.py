@@ -1,7 +1,6 @@
 """Every dtype policy of Keras: a network builds, trains a step with the paper's recipe and
 exports as a SavedModel under float64, float32, mixed_float16 and mixed_bfloat16."""
 
-import contextlib
 
 import keras
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 
 import keras_preact
 from keras_preact_training import configs, export, recipe
-from tests.conftest import random_images
+from tests.conftest import dtype_policy, random_images
 
 pytestmark = pytest.mark.tensorflow  # SavedModel export
 
@@ -27,27 +26,12 @@ CONFIG = configs.CONFIGS["cifar10_cpu"]
 IMAGES, LABELS = random_images((8, 32, 32, 3), seed=5), np.arange(8) % 10
 
 
-@contextlib.contextmanager
-def dtype_policy(name):
-    """Keras' global policy `name` (float64 also as floatx, as `keras.config.set_floatx`
-    users set it), put back after."""
-    floatx, policy = keras.config.floatx(), keras.config.dtype_policy()
-    if name == "float64":
-        keras.config.set_floatx("float64")
-    keras.config.set_dtype_policy(name)
-    try:
-        yield
-    finally:
-        keras.config.set_floatx(floatx)
-        keras.config.set_dtype_policy(policy)
-
-
 def network():
     return keras_preact.ResNet20(input_shape=(32, 32, 3), classes=10, classifier_activation=None, weight_decay=1e-4)
 
 
 def train_step(model, policy):
-    """One step of the recipe's optimizer (loss-scaled under mixed_float16, as `training.recipe` does)."""
+    """One step of the recipe's optimizer (loss-scaled under mixed_float16, as `keras_preact_training.recipe` does)."""
     config = CONFIG.override(f"precision={policy if policy.startswith('mixed') else 'float32'}")
     model.compile(recipe.optimizer(config, 390, model), recipe.loss())
     return float(model.train_on_batch(IMAGES, LABELS))
@@ -97,7 +81,7 @@ def test_float64_trains_as_float32_to_rounding():
         model = network()
         model.set_weights([weight.astype("float64") for weight in weights])
         train_step(model, "float64")
-        norms = [layer for layer in keras_preact.stacked.all_layers(model) if isinstance(layer, keras_preact.blocks.BatchNorm)]
+        norms = keras_preact.walks.batch_norms(model)
         assert norms and not any(norm.runs_fused_kernel(keras.ops.zeros((1, 2, 2, norm.gamma.shape[0]), "float64"))
                                  for norm in norms)
         logits = np.array(model(IMAGES.astype("float64"), training=False))

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import keras_preact
 from keras_preact_training import configs, data, export, input_tensorflow
-from keras_preact_training.serving import contract
+from keras_preact_training import contract
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
@@ -325,9 +325,9 @@ def test_export_command_without_a_run_is_a_clear_error(tmp_path):
 
 
 def test_the_contract_is_importable_without_tensorflow_and_names_every_onnx_model():
-    """training.serving.contract: what export writes and serving reads, with no TensorFlow import (an
+    """training.contract: what export writes and serving reads, with no TensorFlow import (an
     onnxruntime server can read it), one ONNX model per image-array signature."""
-    code = ("import sys; from keras_preact_training.serving import contract; "
+    code = ("import sys; from keras_preact_training import contract; "
             "print(sorted(contract.SIGNATURES), contract.ONNX_MODELS, 'tensorflow' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr

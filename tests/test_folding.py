@@ -57,13 +57,13 @@ def test_folded_network_computes_the_same(unit, form, layout):
     # Float32 rounding: at most 1e-6 of the largest logit measured.
     np.testing.assert_allclose(inference(folded, images), expected, rtol=0, atol=1e-5 * np.abs(expected).max())
     assert folded.folded_batch_norms == FOLDED[(unit, form)]
-    norms = [layer for layer in keras_preact.stacked.all_layers(folded) if isinstance(layer, blocks.BatchNorm)]
+    norms = [layer for layer in keras_preact.walks.batch_norms(folded)]
     assert sum(norm.folded for norm in norms) == FOLDED[(unit, form)]
     assert folded.trainable_weights == [] and folded.name == model.name
     assert [layer.name for layer in folded.layers] == [layer.name for layer in model.layers]
     for before, after in zip(weights, model.get_weights(), strict=True):  # the model itself is unchanged
         np.testing.assert_array_equal(before, after)
-    assert not any(norm.folded for norm in keras_preact.stacked.all_layers(model) if isinstance(norm, blocks.BatchNorm))
+    assert not any(norm.folded for norm in keras_preact.walks.batch_norms(model))
 
 
 def test_folded_weights_are_the_formula():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import keras_preact
-from keras_preact import blocks, defaults, stacked
+from keras_preact import blocks, defaults, walks
 from tests.conftest import gradients, random_images
 
 UNIT_KINDS = ["preactivation", "original", "bn_after_addition", "relu_before_addition", "relu_only_preactivation"]
@@ -25,11 +25,11 @@ def one_step(model, images, fused):
     """Training-mode outputs, the gradient of every weight, the moving statistics after the
     two training passes, and inference-mode outputs, with every BatchNorm `fused` or not;
     the weights are put back after."""
-    blocks.set_fused(model, fused)
+    walks.set_fused(model, fused)
     initial = model.get_weights()
     outputs = [keras.ops.convert_to_numpy(model(images, training=True)).astype("float32")]
     grads = gradients(model, images, weighted_sum)
-    moving = [np.array(variable) for variable in stacked.moving_statistics(model)]
+    moving = [np.array(variable) for variable in walks.moving_statistics(model)]
     inference = [keras.ops.convert_to_numpy(model(images, training=False)).astype("float32")]
     model.set_weights(initial)
     return dict(outputs=outputs, gradients=grads, moving_statistics=moving, inference=inference)
@@ -122,7 +122,7 @@ def test_the_traced_graph_holds_the_fused_kernel_or_not(fused):
     import tensorflow as tf
 
     model = network("preactivation")
-    assert blocks.set_fused(model, fused) == 13  # the stem's, 2 x 6 units' (of 2 each, less the first) and the final
+    assert walks.set_fused(model, fused) == 13  # the stem's, 2 x 6 units' (of 2 each, less the first) and the final
     for training in (True, False):
         graph = tf.function(lambda images: model(images, training=training)).get_concrete_function(
             tf.TensorSpec((None, 16, 16, 3))).graph

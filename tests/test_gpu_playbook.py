@@ -45,7 +45,7 @@ def test_the_cpu_queue_runs_its_entries_in_order(tmp_path):
     (tmp_path / "runs" / "zoo-resnet110" / "summary.json").write_text("{}")  # finished: skipped
     subprocess.run([os.path.join(ROOT, "scripts", "zoo_queue.sh")], env=environment, check=True, timeout=60)
     calls = (tmp_path / "runs" / "calls").read_text().splitlines()
-    expected = [f"-m training train {' '.join(arguments)} --data-dir /data --run-dir {tmp_path / 'runs' / name}"
+    expected = [f"-m keras_preact_training train {' '.join(arguments)} --data-dir /data --run-dir {tmp_path / 'runs' / name}"
                 for name, arguments in playbook.queue("cpu")[1:]]
     assert calls == expected
 

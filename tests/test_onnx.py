@@ -12,7 +12,7 @@ import keras_preact
 from keras_preact import pretrained
 from tests.test_export import BATCH_SIZES, CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
 from keras_preact_training import export
-from keras_preact_training.serving import contract
+from keras_preact_training import contract
 from tests.conftest import KERAS_PREACT
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed: pip install "

@@ -333,7 +333,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
 
     # `keras-preact publish` in a fresh process: the zoo module reads a run's
     # model.keras (augmentation layers and all) with what it imports itself.
-    fresh = subprocess.run([sys.executable, "-c", "import sys, keras; from training import zoo; "
+    fresh = subprocess.run([sys.executable, "-c", "import sys, keras; from keras_preact_training import zoo; "
                             "keras.saving.load_model(sys.argv[1])", str(run_dir / "model.keras")],
                            cwd=ROOT, capture_output=True, text=True, timeout=300,
                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
@@ -401,7 +401,7 @@ def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipp
     import tensorflow as tf
 
     from keras_preact_training import cli, export, input_tensorflow
-    from keras_preact_training.serving import contract
+    from keras_preact_training import contract
 
     trained, _ = shipped
     images = sorted(str(path) for path in (ROOT / "docs" / "cifar10").glob("*.jpg"))

@@ -24,7 +24,7 @@ from PIL import Image
 import keras_preact
 from tests.test_export import CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
 from keras_preact_training import export, input_tensorflow
-from keras_preact_training.serving import contract
+from keras_preact_training import contract
 from keras_preact_training.serving.batching import Batcher
 from keras_preact_training.serving.model import RUNTIMES, ModelServer
 from keras_preact_training.serving.requests import Parsed

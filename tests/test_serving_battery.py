@@ -25,7 +25,7 @@ from tests.test_serving import (PREDICT, Client, b64, export_resnet20, free_port
                                 start_server, stop_server)
 from keras_preact_training import client as query_client
 from keras_preact_training import export, input_tensorflow
-from keras_preact_training.serving import contract
+from keras_preact_training import contract
 from keras_preact_training.serving.batching import Batcher
 from keras_preact_training.serving.connections import Connections
 from keras_preact_training.serving.model import RUNTIMES, ModelServer

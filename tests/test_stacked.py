@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import keras_preact
-from keras_preact import merges, stacked, units
-from tests.conftest import gradients, random_images
+from keras_preact import merges, stacked, units, walks
+from tests.conftest import dtype_policy, gradients, random_images
 from tests.test_models import PARAMETER_COUNTS
 
 NETWORKS = {
@@ -32,7 +32,7 @@ def twins(build, **options):
 
 
 def weighted_sum(outputs):
-    return keras.ops.sum(outputs * keras.ops.arange(1, 11, dtype="float32"))
+    return keras.ops.sum(outputs * keras.ops.arange(1, 11, dtype=keras.backend.standardize_dtype(outputs.dtype)))
 
 
 def as_separate_units(build, trainable_values):
@@ -51,19 +51,6 @@ def assert_close(received, expected):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
 
 
-def assert_gradients_close(received, expected):
-    """TensorFlow runs the same kernels in the loop: equal to float rounding. JAX's XLA
-    fuses the loop's body differently, and a difference of 1e-7 in a unit's output can
-    move a ReLU input across zero where BatchNorm centres it: there, each gradient is
-    held to 5 % of its own norm, or to rounding where it is about zero (a unit run in the
-    wrong mode is off by its whole size)."""
-    if keras.backend.backend() == "tensorflow":
-        return assert_close(received, expected)
-    scale = max(np.abs(value).max() for value in expected)
-    for got, want in zip(received, expected, strict=True):
-        assert np.linalg.norm(got - want) <= 0.05 * np.linalg.norm(want) + 1e-5 * scale * np.sqrt(want.size)
-
-
 @pytest.mark.parametrize("name", NETWORKS)
 def test_the_loop_computes_the_network_of_separate_units(name):
     separate, looped = twins(NETWORKS[name])
@@ -78,21 +65,36 @@ def test_the_loop_computes_the_network_of_separate_units(name):
 @pytest.mark.parametrize("rematerialize", [False, True], ids=["kept", "rematerialized"])
 @pytest.mark.parametrize("name", NETWORKS)
 def test_gradients_and_moving_statistics_equal_separate_units(name, rematerialize):
+    """In float64: the loop's kernels are fused differently from the separate units' (JAX's XLA
+    fuses the loop's body), and in float32 a difference of 1e-7 in a unit's output can move a
+    ReLU input across zero where BatchNorm centres it, which changes a gradient by up to
+    several percent, more or less often depending on the processor. In float64 TensorFlow and
+    PyTorch give equal gradients (`assert_close`). JAX's differ by at most 3e-6 of a gradient's
+    norm, except the rematerialized BN-after-addition bottleneck loop: 0.11 % (this project's
+    AMD EPYC, 2026-11-26; its other layouts and seeds within 3e-6), not yet explained, and held
+    to 1 % of each gradient's norm."""
     build = NETWORKS[name]
-    separate, looped = twins(build, rematerialize=rematerialize)
-    images = random_images((8, 32, 32, 3), seed=1)
-    expected = gradients(separate, images, weighted_sum)
-    received = gradients(looped, images, weighted_sum)
-    assert all(gradient is not None for gradient in received)
-    assert_gradients_close(as_separate_units(build, received), expected)
-    # A training call updates each unit's moving averages once, as separate units do.
-    separate(images, training=True)
-    looped(images, training=True)
-    back = build()
-    keras_preact.copy_weights(looped, back)
-    moving = [np.array(variable) for variable in separate.non_trainable_variables]
-    assert_close([np.array(variable) for variable in back.non_trainable_variables], moving)
-    assert not np.allclose(moving[0], 0.0)
+    with dtype_policy("float64"):
+        separate, looped = twins(build, rematerialize=rematerialize)
+        images = random_images((8, 32, 32, 3), seed=1).astype("float64")
+        expected = gradients(separate, images, weighted_sum)
+        received = gradients(looped, images, weighted_sum)
+        assert all(gradient is not None for gradient in received)
+        assert {gradient.dtype for gradient in received} == {np.dtype("float64")}
+        if keras.backend.backend() == "jax":
+            scale = max(np.abs(value).max() for value in expected)
+            for got, want in zip(as_separate_units(build, received), expected, strict=True):
+                assert np.linalg.norm(got - want) <= 0.01 * np.linalg.norm(want) + 1e-5 * scale * np.sqrt(want.size)
+        else:
+            assert_close(as_separate_units(build, received), expected)
+        # A training call updates each unit's moving averages once, as separate units do.
+        separate(images, training=True)
+        looped(images, training=True)
+        back = build()
+        keras_preact.copy_weights(looped, back)
+        moving = [np.array(variable) for variable in separate.non_trainable_variables]
+        assert_close([np.array(variable) for variable in back.non_trainable_variables], moving)
+        assert not np.allclose(moving[0], 0.0)
 
 
 def test_a_frozen_loop_runs_its_units_in_inference_mode():
@@ -231,9 +233,8 @@ def test_analysis_measures_looped_units_one_by_one_and_reaches_their_batch_norms
         np.testing.assert_allclose([got.output_norm, got.input_gradient_norm, got.weight_gradient_norm],
                                    [want.output_norm, want.input_gradient_norm, want.weight_gradient_norm], rtol=1e-4)
     assert keras_preact.separate_units(separate) is separate
-    norms = [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
-    assert len(norms) == len([layer for layer in stacked.all_layers(keras_preact.ResNet20(classes=10))
-                              if isinstance(layer, keras.layers.BatchNormalization)]) - 3 * 2  # a unit less per stage
+    norms = walks.batch_norms(model)
+    assert len(norms) == len(walks.batch_norms(keras_preact.ResNet20(classes=10))) - 3 * 2  # a unit less per stage
     # Statistics set from a batch: inference then equals training mode, loops included, up
     # to the moving variance's Bessel correction (n / (n - 1), n >= 16 x 8 x 8: 0.1 % per
     # BatchNorm; 0.44 % measured at the outputs).
@@ -265,7 +266,7 @@ def test_training_checkpoints_restore_the_stacked_weights(tmp_path):
 def test_moving_statistics_are_every_batch_norm_statistic_of_the_model(scan_units):
     """What the training loop averages over replicas: in loops, the stacked variables."""
     model = keras_preact.ResNet20(classes=10, scan_units=scan_units)
-    found = stacked.moving_statistics(model)
+    found = walks.moving_statistics(model)
     expected = [variable for variable in model.non_trainable_variables if variable.name.startswith("moving_")
                 or "_moving_" in variable.name]
     assert len(found) == len(expected) == (38 if not scan_units else 26)

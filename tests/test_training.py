@@ -258,9 +258,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, backend):
 def test_a_run_resumes_under_the_other_backend_and_trains_alike(tmp_path):
     """One checkpoint format for both loops: a TensorFlow run's checkpoint resumes under JAX and
     under TensorFlow, and without augmentation (no random draws, which differ by backend) the two
-    take the same steps: the same losses to float32 rounding for the first steps, which the
-    training's chaos then amplifies (at step 10 of the 22, 1e-3 apart; at the end the test errors
-    of these half-trained networks are some points apart)."""
+    take the same steps from the same restored state."""
     steady = [*SHORT, "--set", "crop_padding=0", "--set", "checkpoint_every=22"]
     first = run_training("--run-dir", str(tmp_path / "tensorflow"), *steady, "--set", "duration=1")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -275,7 +273,13 @@ def test_a_run_resumes_under_the_other_backend_and_trains_alike(tmp_path):
             rows = list(csv.DictReader(file))
         losses[backend] = [float(row["loss"]) for row in rows if int(row["step"]) > 22]
     assert len(losses["jax"]) == 22
-    np.testing.assert_allclose(losses["jax"][:8], losses["tensorflow"][:8], rtol=2e-5)
+    # The first step's loss: the same restored weights on the same batch, so equal to float32
+    # rounding (the backends' convolution kernels differ) on any processor. The steps after
+    # amplify that rounding at a learning rate of 0.1: the next seven within 2e-5 on this
+    # project's AMD EPYC with AVX-512 (2026-11-26), up to 2.9 % apart on a Zen 3 EPYC without
+    # it; bounded at 10 %, and the end of these half-trained runs by what both reach, below.
+    np.testing.assert_allclose(losses["jax"][0], losses["tensorflow"][0], rtol=1e-4)
+    np.testing.assert_allclose(losses["jax"][1:8], losses["tensorflow"][1:8], rtol=0.1)
     # Both go on learning: the last steps' losses less than half the first's (both about a fifth).
     for backend in losses:
         assert np.mean(losses[backend][-5:]) < 0.5 * np.mean(losses[backend][:5])
@@ -561,7 +565,7 @@ def test_seeds_report_median_and_spread(tmp_path):
 
 def test_help_configs_and_argument_errors_answer_without_tensorflow():
     """`--help`, `configs` and argparse's errors import neither TensorFlow nor Keras."""
-    script = ("import sys\nfrom training import cli\n"
+    script = ("import sys\nfrom keras_preact_training import cli\n"
               "for argv in (['configs'], ['configs', 'cifar10_cpu'], ['--help'], ['train', '--help'], "
               "['train', '--seeds', 'many'], ['configs', 'nope']):\n"
               "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"

@@ -2,7 +2,7 @@
 
 Each table is data: rows (variants, as `Config` overrides) and the networks and data
 sets they run on, with the paper's test error for each cell. The runner trains every
-cell for every seed with `training.loop.train` (each run resumes from its checkpoints,
+cell for every seed with `keras_preact_training.loop.train` (each run resumes from its checkpoints,
 and a finished run is read back, so an interrupted ablation goes on where it stopped),
 then writes `table<N>.md` and `table<N>.csv` (median and mean +- std final-epoch test
 error next to the paper's) and `table<N>_curves.png` (test error and training loss of

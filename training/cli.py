@@ -42,7 +42,7 @@ BACKENDS = {"train": ("tensorflow", "jax", "torch"), "ablate": ("tensorflow", "j
 # need it (serve: the onnxruntime runtime never does).
 WITHOUT_TENSORFLOW = ("configs", "compare", "data", "query", "serve")
 # Commands that run without TensorFlow under KERAS_BACKEND=jax or torch (images read with
-# NumPy and Pillow, `training.input_numpy`); where it is installed they import it as the rest.
+# NumPy and Pillow, `keras_preact_training.input_numpy`); where it is installed they import it as the rest.
 TENSORFLOW_OPTIONAL = ("train", "evaluate")
 
 
@@ -281,24 +281,26 @@ def add_config_arguments(command, default_model):
                          help="tf.distribute strategy of each trial")
 
 
-def overrides_from(arguments):
-    """`train`'s --set values, then its shortcut flags as "field=value"."""
-    overrides = list(arguments.set)
-    for flag, field in (("model", "model"), ("data_dir", "data_dir"), ("strategy", "strategy")):
-        if getattr(arguments, flag):
-            overrides.append(f"{field}={getattr(arguments, flag)}")
-    return overrides
+# The flags of `train` and `tune` that set a config field of the same name, after --set.
+CONFIG_FLAGS = ("model", "data_dir", "strategy")
 
 
 def config_from(arguments):
+    """The config that `train`'s or `tune`'s arguments name: --config, its --set overrides (text,
+    parsed by each field's type), then the values of the flags `CONFIG_FLAGS`, as given."""
     from . import configs
 
-    config = configs.get_config(arguments.config, overrides_from(arguments))
+    config = configs.get_config(arguments.config, arguments.set)
+    flags = {field: getattr(arguments, field) for field in CONFIG_FLAGS if getattr(arguments, field) is not None}
+    return dataclasses.replace(config, **flags)
+
+
+def check_model(config):
+    """Raises ValueError for a model name that `keras_preact.MODELS` does not hold (imports Keras)."""
     import keras_preact
 
     if config.model not in keras_preact.MODELS:
         raise ValueError(f"Unknown model. Choose one of {keras_preact.list_models()}. Received: model={config.model!r}")
-    return config
 
 
 def train_seeds(config, run_dir, seeds, command=None, allow_config_changes=False):
@@ -329,33 +331,8 @@ def main(argv=None):
             import_tensorflow(arguments.verbose, optional=arguments.command in TENSORFLOW_OPTIONAL)
         if arguments.command in BACKENDS:
             check_backend(arguments.command)
-        if arguments.command == "configs":
-            from . import configs
-
-            names = [arguments.name] if arguments.name else list(configs.CONFIGS)
-            print("\n\n".join("\n".join(configs.describe(name, every_field=bool(arguments.name))) for name in names))
-            return 0
-        if arguments.command == "zoo":
-            from . import zoo
-
-            print(zoo.unit_comparison_table() if arguments.units else zoo.markdown_table())
-            return 0
-        if arguments.command == "diagnose":
-            from . import diagnose
-
-            diagnose.diagnose(arguments.output, arguments.depths, arguments.depth, arguments.batch_size,
-                              arguments.data_dir, arguments.seed)
-            print(f"Plots and tables in {arguments.output}.")
-            return 0
-        if arguments.command in COMMANDS:
-            return COMMANDS[arguments.command](arguments)
-        config = config_from(arguments)
-        run_dir = arguments.run_dir or os.path.join("runs", f"{arguments.config}-{config.model}")
-        if arguments.seeds < 1:
-            raise ValueError(f"--seeds must be at least 1. Received: --seeds {arguments.seeds}")
-        command = "keras-preact " + shlex.join(sys.argv[1:] if argv is None else argv)
-        train_seeds(config, run_dir, arguments.seeds, command, arguments.allow_config_changes)
-        return 0
+        arguments.command_line = "keras-preact " + shlex.join(sys.argv[1:] if argv is None else argv)
+        return COMMANDS[arguments.command](arguments)
     except Exception as error:
         # Bad input exits with 2, a diverged run with 3, a run whose checkpoints are all
         # unreadable with 4, each with its message alone (only a
@@ -379,12 +356,10 @@ def main(argv=None):
 def check_data_folder(arguments):
     """The image folder that `train` or `evaluate` would read, checked before TensorFlow loads:
     a FileNotFoundError in a second, which says how a folder is laid out and made."""
-    from . import configs
-
     if arguments.command == "evaluate" and arguments.dataset == "folder":
         data_folder.check_folder(data_folder.or_default(arguments.data_dir))
     if arguments.command == "train":
-        config = configs.get_config(arguments.config, overrides_from(arguments))
+        config = config_from(arguments)
         if config.dataset == "folder":
             data_folder.check_folder(config.data_dir)
 
@@ -427,6 +402,40 @@ def import_tensorflow(verbose, optional=False):
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     quiet_tensorflow.load_quietly()
+
+
+def train_command(arguments):
+    config = config_from(arguments)
+    check_model(config)
+    run_dir = arguments.run_dir or os.path.join("runs", f"{arguments.config}-{config.model}")
+    if arguments.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1. Received: --seeds {arguments.seeds}")
+    train_seeds(config, run_dir, arguments.seeds, arguments.command_line, arguments.allow_config_changes)
+    return 0
+
+
+def configs_command(arguments):
+    from . import configs
+
+    names = [arguments.name] if arguments.name else list(configs.CONFIGS)
+    print("\n\n".join("\n".join(configs.describe(name, every_field=bool(arguments.name))) for name in names))
+    return 0
+
+
+def zoo_command(arguments):
+    from . import zoo
+
+    print(zoo.unit_comparison_table() if arguments.units else zoo.markdown_table())
+    return 0
+
+
+def diagnose_command(arguments):
+    from . import diagnose
+
+    diagnose.diagnose(arguments.output, arguments.depths, arguments.depth, arguments.batch_size,
+                      arguments.data_dir, arguments.seed)
+    print(f"Plots and tables in {arguments.output}.")
+    return 0
 
 
 def evaluate_command(arguments):
@@ -472,7 +481,7 @@ def compare_command(arguments):
 def export_command(arguments):
     """Exports a run or shipped weights, reloads the SavedModel and prints its classes of images."""
     from . import export
-    from .serving import contract
+    from . import contract
 
     if (arguments.run_dir is None) == (arguments.model is None) or (arguments.model is None) != (
             arguments.weights is None):
@@ -532,6 +541,7 @@ def tune_command(arguments):
     from . import engines, tune
 
     config = config_from(arguments)
+    check_model(config)
     tune.distribute(arguments.chief, arguments.worker, arguments.worker_id)
     engines.configure(config)
     result = tune.search(config, arguments.output, arguments.gatings, arguments.tuner, arguments.trials,
@@ -551,6 +561,8 @@ def ablate_command(arguments):
     return 0
 
 
-COMMANDS = {"compare": compare_command, "data": data_command, "evaluate": evaluate_command,
-            "publish": publish_command, "export": export_command, "serve": serve_command, "query": query_command,
-            "tune": tune_command, "ablate": ablate_command}
+# Every command and the function that runs it: `main` dispatches through this table alone.
+COMMANDS = {"train": train_command, "configs": configs_command, "data": data_command, "evaluate": evaluate_command,
+            "zoo": zoo_command, "publish": publish_command, "compare": compare_command, "export": export_command,
+            "serve": serve_command, "query": query_command, "tune": tune_command, "ablate": ablate_command,
+            "diagnose": diagnose_command}

@@ -9,18 +9,27 @@ Schedules are written in the unit the source uses, iterations at the config's
 
 import dataclasses
 
+import keras_preact
 from keras_preact import defaults
 
 # scikit-learn's 8x8 digits scaled to 0-255 (16 grey levels x 255 / 16): the mean and
-# standard deviation of the 1,437 training images (measured, `training.data`'s split).
+# standard deviation of the 1,437 training images (measured, `keras_preact_training.data`'s split).
 DIGITS_MEAN = (77.89,)
 DIGITS_STD = (95.71,)
-# The ways shortcut and residual branch combine (Fig. 2), built by `training.recipe`.
-MERGES = ("addition", "no_shortcut", "constant_scaling", "exclusive_gating", "shortcut_only_gating",
-          "shortcut_dropout")
-# Keras dtype policies a network trains (and `training.evaluate` evaluates) in.
+# Fig. 2's ways for shortcut and residual branch to combine: a config's `merge` -> the layer
+# every unit merges with (None: addition). keras_preact's layers load on first use, so the
+# configs import no Keras (`keras-preact configs` answers without it).
+MERGES = {
+    "addition": lambda config: None,
+    "no_shortcut": lambda config: keras_preact.NoShortcut(),
+    "constant_scaling": lambda config: keras_preact.ConstantScaling(*map(float, config.scaling)),
+    "exclusive_gating": lambda config: keras_preact.ExclusiveGating(gate_bias=float(config.gate_bias)),
+    "shortcut_only_gating": lambda config: keras_preact.ShortcutOnlyGating(gate_bias=float(config.gate_bias)),
+    "shortcut_dropout": lambda config: keras_preact.ShortcutDropout(float(config.shortcut_dropout), seed=config.seed),
+}
+# Keras dtype policies a network trains (and `keras_preact_training.evaluate` evaluates) in.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-# The tf.distribute strategies a run trains under (`training.engines.make_strategy`).
+# The tf.distribute strategies a run trains under (`keras_preact_training.engines.make_strategy`).
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker", "tpu")
 
 
@@ -53,7 +62,7 @@ class Config:
         shortcut: "identity", or "projection" for 1x1 convolution shortcuts (Fig. 2(e)).
         merge: how shortcut and residual combine (Fig. 2): "addition", "no_shortcut",
             "constant_scaling", "exclusive_gating", "shortcut_only_gating" or
-            "shortcut_dropout" (`training.recipe.MERGES`).
+            "shortcut_dropout" (`MERGES`).
         gate_bias: b_g, the gates' bias initialisation (Table 1's search).
         scaling: (shortcut scale, residual scale) of "constant_scaling".
         shortcut_dropout: the dropout rate of "shortcut_dropout".
@@ -285,83 +294,108 @@ CIFAR10_CPU = Config(
     model="resnet20", dataset="folder", schedule_unit="epochs", duration=30, decay_boundaries=(15, 22.5),
     warmup=1, evaluate_every=390, checkpoint_every=390, log_every=39,
 )
-CONFIGS = {
-    "cifar10_paper": Config(),
-    "cifar100_paper": Config(dataset="cifar100"),
-    # Units 2-111 of each stage run as one loop: the same network, built in about a
-    # second and at its first step in seconds instead of minutes (docs/benchmarks.md).
-    "cifar10_resnet1001_torch": Config(
-        model="resnet1001", scan_units=True, batch_size=64, reference_batch_size=64, nesterov=True,
-        schedule_unit="epochs", duration=200, decay_boundaries=(81, 122), warmup=0, evaluate_every=7812,
-        checkpoint_every=781,
-    ),
-    "imagenet_paper": Config(
-        model="resnet200", dataset="imagenet2012", image_size=224, batch_size=256, reference_batch_size=256,
-        schedule_unit="epochs", duration=90, decay_boundaries=(30, 60), warmup=0, crop_padding=0,
-        normalization_mean=defaults.IMAGENET_MEAN, normalization_std=defaults.IMAGENET_STD, evaluate_every=5000,
-        log_every=100,
-    ),
-    "cifar10_cpu": CIFAR10_CPU,
-    # The zoo's recipe, chosen on a validation split for the lowest error per CPU-hour
-    # (docs/zoo.md): cifar10_cpu with the search's choices, twice as long.
-    "cifar10_zoo": dataclasses.replace(
-        CIFAR10_CPU, schedule="cosine", nesterov=True, weight_decay=5e-4, precision="mixed_bfloat16", duration=60,
-    ),
-    "digits_demo": Config(
-        model="resnet20", dataset="digits", image_size=8, batch_size=64, reference_batch_size=128,
-        schedule_unit="epochs", duration=40, decay_boundaries=(20, 30), warmup=1, crop_padding=1,
-        horizontal_flip=False, normalization_mean=DIGITS_MEAN, normalization_std=DIGITS_STD,
-        evaluate_every=100, checkpoint_every=100, log_every=10,
-    ),
-}
-# What each config is for, the paper's result for it, and the command that runs it
-# (`keras-preact configs` prints them).
-ABOUT = {
-    "cifar10_paper": dict(
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedConfig:
+    """A named config with what `keras-preact configs` says of it.
+
+    Attributes:
+        config: the `Config`.
+        purpose: what it is for.
+        paper: the paper's result for it.
+        command: the command that runs it.
+    """
+
+    config: Config
+    purpose: str
+    paper: str
+    command: str
+
+
+# Every named config, with its purpose, the paper's result and its command.
+NAMED_CONFIGS = {
+    "cifar10_paper": NamedConfig(
+        Config(),
         purpose="The paper's CIFAR-10 recipe (appendix): SGD momentum 0.9, lr 0.1 (0.01 for the first 400 "
-                "iterations), /10 at 32k and 48k iterations, 64k in all, batch 128, weight decay 1e-4, 4-pixel "
-                "crops and flips.",
+        "iterations), /10 at 32k and 48k iterations, 64k in all, batch 128, weight decay 1e-4, 4-pixel "
+        "crops and flips.",
         paper="Table 3: ResNet-110 6.37 %, ResNet-164 5.46 % test error.",
-        command="keras-preact train --config cifar10_paper --set model=resnet164"),
-    "cifar100_paper": dict(
+        command="keras-preact train --config cifar10_paper --set model=resnet164",
+    ),
+    "cifar100_paper": NamedConfig(
+        Config(dataset="cifar100"),
         purpose="The same recipe on CIFAR-100.",
         paper="Table 3: ResNet-164 24.33 %, ResNet-1001 22.71 % test error.",
-        command="keras-preact train --config cifar100_paper --set model=resnet164"),
-    "cifar10_resnet1001_torch": dict(
+        command="keras-preact train --config cifar100_paper --set model=resnet164",
+    ),
+    # Units 2-111 of each stage run as one loop: the same network, built in about a
+    # second and at its first step in seconds instead of minutes (docs/benchmarks.md).
+    "cifar10_resnet1001_torch": NamedConfig(
+        Config(
+            model="resnet1001", scan_units=True, batch_size=64, reference_batch_size=64, nesterov=True,
+            schedule_unit="epochs", duration=200, decay_boundaries=(81, 122), warmup=0, evaluate_every=7812,
+            checkpoint_every=781,
+        ),
         purpose="The official Torch code's ResNet-1001 run (resnet-1k-layers): batch 64, Nesterov, 200 epochs, "
-                "/10 at epochs 81 and 122, lr 0.1 at batch 64, no warm-up; units 2-111 of each stage as one loop.",
+        "/10 at epochs 81 and 122, lr 0.1 at batch 64, no warm-up; units 2-111 of each stage as one loop.",
         paper="Table 4: 4.62 % (4.69 +- 0.20) test error on CIFAR-10.",
-        command="keras-preact train --config cifar10_resnet1001_torch"),
-    "imagenet_paper": dict(
+        command="keras-preact train --config cifar10_resnet1001_torch",
+    ),
+    "imagenet_paper": NamedConfig(
+        Config(
+            model="resnet200", dataset="imagenet2012", image_size=224, batch_size=256, reference_batch_size=256,
+            schedule_unit="epochs", duration=90, decay_boundaries=(30, 60), warmup=0, crop_padding=0,
+            normalization_mean=defaults.IMAGENET_MEAN, normalization_std=defaults.IMAGENET_STD, evaluate_every=5000,
+            log_every=100,
+        ),
         purpose="ImageNet (Section 5, and fb.resnet.torch): lr 0.1, /10 at epochs 30 and 60, batch 256, 90 epochs; "
-                "scale augmentation, 224x224 crops, flips.",
+        "scale augmentation, 224x224 crops, flips.",
         paper="Table 5 (320x320 test crop): pre-activation ResNet-200 20.7 % / 5.3 % top-1 / top-5 error; "
-              "20.1 % / 4.8 % with scale and aspect-ratio augmentation.",
-        command="keras-preact train --config imagenet_paper --set data_dir=/data/tfds"),
-    "cifar10_cpu": dict(
+        "20.1 % / 4.8 % with scale and aspect-ratio augmentation.",
+        command="keras-preact train --config imagenet_paper --set data_dir=/data/tfds",
+    ),
+    "cifar10_cpu": NamedConfig(
+        CIFAR10_CPU,
         purpose="The zoo's recipe on a CPU (keras_preact/weights): the paper's CIFAR-10 recipe on CIFAR-10 as JPEG "
-                "folders, lr 0.1 after a first epoch at 0.01, the schedule shortened to 30 epochs (the paper: 164), "
-                "/10 at half and three quarters of it as the paper's 32k and 48k of 64k; the zoo trains it with "
-                "--set schedule=cosine, chosen on a validation split (docs/zoo.md).",
+        "folders, lr 0.1 after a first epoch at 0.01, the schedule shortened to 30 epochs (the paper: 164), "
+        "/10 at half and three quarters of it as the paper's 32k and 48k of 64k; the zoo trains it with "
+        "--set schedule=cosine, chosen on a validation split (docs/zoo.md).",
         paper="He et al. 2015, Table 6 (164 epochs): ResNet-20 8.75 %, ResNet-56 6.97 % test error.",
         command="keras-preact train --config cifar10_cpu --model resnet20 --set schedule=cosine "
-                "--data-dir ~/.cache/keras-preact/cifar10-jpeg"),
-    "cifar10_zoo": dict(
+        "--data-dir ~/.cache/keras-preact/cifar10-jpeg",
+    ),
+    # The zoo's recipe, chosen on a validation split for the lowest error per CPU-hour
+    # (docs/zoo.md): cifar10_cpu with the search's choices, twice as long.
+    "cifar10_zoo": NamedConfig(
+        dataclasses.replace(
+            CIFAR10_CPU, schedule="cosine", nesterov=True, weight_decay=5e-4, precision="mixed_bfloat16", duration=60,
+        ),
         purpose="The zoo's recipe (keras_preact/weights), chosen on 5,000 training JPEGs held out (docs/zoo.md): "
-                "cifar10_cpu with Nesterov momentum (as the official Torch code's SGD, fb.resnet.torch), weight "
-                "decay 5e-4 (Zagoruyko and Komodakis, Wide Residual Networks, 2016), the cosine schedule (Loshchilov "
-                "and Hutter, SGDR, 2017) after a first epoch at 0.01, and bfloat16 mixed precision (no accuracy "
-                "lost, docs/benchmarks.md; --set precision=float32 on processors without bfloat16 instructions).",
+        "cifar10_cpu with Nesterov momentum (as the official Torch code's SGD, fb.resnet.torch), weight "
+        "decay 5e-4 (Zagoruyko and Komodakis, Wide Residual Networks, 2016), the cosine schedule (Loshchilov "
+        "and Hutter, SGDR, 2017) after a first epoch at 0.01, and bfloat16 mixed precision (no accuracy "
+        "lost, docs/benchmarks.md; --set precision=float32 on processors without bfloat16 instructions).",
         paper="He et al. 2015, Table 6 (164 epochs): ResNet-20 8.75 %, ResNet-56 6.97 %, ResNet-110 6.43 % test "
-              "error; this paper, Table 3: pre-activation ResNet-110 6.37 %.",
-        command="keras-preact train --config cifar10_zoo --model resnet56 --data-dir cifar10-jpeg"),
-    "digits_demo": dict(
+        "error; this paper, Table 3: pre-activation ResNet-110 6.37 %.",
+        command="keras-preact train --config cifar10_zoo --model resnet56 --data-dir cifar10-jpeg",
+    ),
+    "digits_demo": NamedConfig(
+        Config(
+            model="resnet20", dataset="digits", image_size=8, batch_size=64, reference_batch_size=128,
+            schedule_unit="epochs", duration=40, decay_boundaries=(20, 30), warmup=1, crop_padding=1,
+            horizontal_flip=False, normalization_mean=DIGITS_MEAN, normalization_std=DIGITS_STD,
+            evaluate_every=100, checkpoint_every=100, log_every=10,
+        ),
         purpose="The main job: a pre-activation ResNet-20 on scikit-learn's 8x8 handwritten digits, offline, about "
-                "a minute on 2 CPU cores. One-pixel crops, no flips (a flipped digit is another symbol); the CIFAR "
-                "schedule squeezed into 40 epochs.",
+        "a minute on 2 CPU cores. One-pixel crops, no flips (a flipped digit is another symbol); the CIFAR "
+        "schedule squeezed into 40 epochs.",
         paper="None: the digits are not in the paper.",
-        command="keras-preact train --config digits_demo"),
+        command="keras-preact train --config digits_demo",
+    ),
 }
+# The named configs alone, as `get_config` and `--config` read them.
+CONFIGS = {name: named.config for name, named in NAMED_CONFIGS.items()}
 
 
 def field_descriptions():
@@ -383,8 +417,9 @@ def field_descriptions():
 def describe(name, every_field=False):
     """A config as printed lines: its purpose, the paper's result, its command, then one field per
     line: those that differ from `Config`'s defaults, or `every_field` with its description."""
-    config, about = CONFIGS[name], ABOUT[name]
-    lines = [f"{name}: {about['purpose']}", f"  paper: {about['paper']}", f"  command: {about['command']}"]
+    named = NAMED_CONFIGS[name]
+    config = named.config
+    lines = [f"{name}: {named.purpose}", f"  paper: {named.paper}", f"  command: {named.command}"]
     base, descriptions = Config(), field_descriptions()
     for field in dataclasses.fields(Config):
         value = getattr(config, field.name)

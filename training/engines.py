@@ -1,5 +1,5 @@
 """The step engines of `keras-preact train`: how one backend builds the training model and runs
-its steps, behind the one interface the loop (`training.loop.train`) uses, `StepEngine`.
+its steps, behind the one interface the loop (`keras_preact_training.loop.train`) uses, `StepEngine`.
 
 - `TensorFlowSteps`: Keras' TensorFlow backend under a `tf.distribute` strategy. Keras 3's
   `model.fit` fails under `MultiWorkerMirroredStrategy` (keras-team/keras#20585); a step of
@@ -10,7 +10,7 @@ its steps, behind the one interface the loop (`training.loop.train`) uses, `Step
 
 All three compute the same step (the recipe's loss averaged over the batch, the network's own
 losses, the recipe's optimizer) and keep the network in Keras' variables between steps
-(after `synchronize`), which the checkpoints (`training.checkpoints`) save and restore.
+(after `synchronize`), which the checkpoints (`keras_preact_training.checkpoints`) save and restore.
 Only `TensorFlowSteps` needs TensorFlow; `configure` sets it up where it is installed.
 """
 
@@ -19,7 +19,7 @@ import typing
 import keras
 import numpy as np
 
-from keras_preact import stacked
+from keras_preact import walks
 from . import data, recipe
 
 
@@ -111,14 +111,9 @@ def is_chief(strategy):
     return resolver.task_type == "chief" or (resolver.task_type == "worker" and resolver.task_id == 0)
 
 
-def batch_norm_layers(model):
-    """Every BatchNormalization layer of `model`, the units' included, stacked ones too."""
-    return [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
-
-
 def synchronize_batch_norm(model):
     """BatchNorm statistics over all replicas instead of per replica (read at call time)."""
-    for layer in batch_norm_layers(model):
+    for layer in walks.batch_norms(model):
         layer.synchronized = True
 
 
@@ -194,7 +189,7 @@ class TensorFlowSteps:
             loss, correct = strategy.run(replica_step, args=next(iterator))
             return strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", correct, axis=None)
 
-        moving_statistics = stacked.moving_statistics(model)
+        moving_statistics = walks.moving_statistics(model)
 
         @tf.function
         def average_moving_statistics():

@@ -5,7 +5,7 @@ normalises them with CIFAR-10's statistics, as the CIFAR configs train) and load
 keras-preact's shipped weights (`--weights cifar10`, checked against their SHA-256) or a
 `.weights.h5` file saved from the same network. The test split (or, with `split="train"`,
 the training split: how well the network fits what it learned from, in inference mode) is
-read in its order, decoded as in training (`training.data`), one original image each (no
+read in its order, decoded as in training (`keras_preact_training.data`), one original image each (no
 augmentation). With `flip`, the error of the test-time flip is measured too: each image's
 class from the mean of its probabilities and its mirror image's (as many CIFAR zoos
 report); the single-crop error stays the headline.
@@ -32,7 +32,7 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
         dataset: "folder" (`data_dir/{train,test}/<class>/*.jpg`) or "cifar10"
             (tensorflow-datasets, `data_dir` its data directory).
         data_dir: the folder (by default `keras-preact data`'s,
-            `training.data_folder.CIFAR10_FOLDER`), or tensorflow-datasets' data directory.
+            `keras_preact_training.data_folder.CIFAR10_FOLDER`), or tensorflow-datasets' data directory.
         batch_size: images per inference batch.
         flip: also measure `flip_error`, from the mean of the softmax probabilities
             of each image and of its horizontal mirror.

@@ -2,9 +2,9 @@
 
 `export_saved_model` writes `<directory>/<version>/`, the versioned layout of TF Serving
 (`saved_models/<name>/<version>/` by default), with Keras 3's `keras.export.ExportArchive`
-and the three signatures of `training.contract`, which share one traced network. Encoded
+and the three signatures of `keras_preact_training.contract`, which share one traced network. Encoded
 images are decoded, resized or cropped and normalised inside the graph with the functions
-and layers of training (`training.data`, `training.recipe`). Every signature returns
+and layers of training (`keras_preact_training.data`, `keras_preact_training.recipe`). Every signature returns
 `logits`, `probabilities`, `class_ids` (the arg max), and the top-k `classes` (names,
 stored in the graph) with their `scores`. `metadata.json` beside
 `saved_model.pb` records the model, the class names, the input and its preprocessing,
@@ -31,8 +31,8 @@ import tensorflow as tf
 import keras_preact
 from keras_preact import checksums, pretrained
 from . import configs, data, files, input_tensorflow, recipe
-from .serving import contract
-from .serving.contract import MODEL_NAME, Preprocessing, versions
+from . import contract
+from .contract import MODEL_NAME, Preprocessing, versions
 from .defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS, ONNX_EXTRA
 
 # What `--format` writes into a version folder: the SavedModel, ONNX models, or both.
@@ -46,7 +46,7 @@ CROP_FUNCTIONS = {"resize": input_tensorflow.resize, "central_crop": input_tenso
 
 
 def normalization_layer(preprocessing):
-    """The training model's normalisation layer (`training.recipe.normalization`) of a
+    """The training model's normalisation layer (`keras_preact_training.recipe.normalization`) of a
     `contract.Preprocessing`."""
     layer = recipe.normalization(preprocessing.normalization_mean, preprocessing.normalization_std)
     layer.build((None, *preprocessing.shape))
@@ -54,7 +54,7 @@ def normalization_layer(preprocessing):
 
 
 def decode(preprocessing, encoded):
-    """Encoded bytes -> float32 pixels (0-255) of the network's size, as `training.input_tensorflow`.
+    """Encoded bytes -> float32 pixels (0-255) of the network's size, as `keras_preact_training.input_tensorflow`.
 
     JPEG and PNG decoders convert to `channels` themselves (`input_tensorflow.decode_image`); GIF and
     BMP decode to their own channels (GIF: RGB; BMP: grey, RGB or RGBA), converted here:
@@ -232,7 +232,7 @@ def inference_network(network, fold_batch_norms):
     """The network to export: with its BatchNorms folded (`keras_preact.fold_batch_norms`) if
     asked and its layers form a chain, as every keras-preact network's do; another Keras
     classifier as it is."""
-    if fold_batch_norms and keras_preact.models.is_chain(network):
+    if fold_batch_norms and keras_preact.walks.is_chain(network):
         return keras_preact.fold_batch_norms(network)
     return network
 

@@ -1,5 +1,5 @@
-"""The NumPy input pipeline: the splits of `training.data` decoded with Pillow, in the order of
-`training.data.example_indices`, batched; no TensorFlow.
+"""The NumPy input pipeline: the splits of `keras_preact_training.data` decoded with Pillow, in the order of
+`keras_preact_training.data.example_indices`, batched; no TensorFlow.
 
 It gives the batches `input_tensorflow` gives for the same config, seed and step (tested
 image for image): the same order of examples, the same JPEG decoding (libjpeg's accurate

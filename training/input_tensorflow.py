@@ -1,5 +1,5 @@
-"""The tf.data input pipeline: the splits of `training.data` decoded with TensorFlow, in the
-order of `training.data.example_indices`, sharded over replicas and workers, batched.
+"""The tf.data input pipeline: the splits of `keras_preact_training.data` decoded with TensorFlow, in the
+order of `keras_preact_training.data.example_indices`, sharded over replicas and workers, batched.
 
 The default where TensorFlow is installed, and the pipeline of `tf.distribute`
 (`engines.TensorFlowSteps`); `input_numpy` gives the same batches without TensorFlow.
@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import data, data_folder
-from .serving import contract
+from . import contract
 
 # Where a pipeline's decoding runs in parallel; tf.data picks the degree.
 AUTOTUNE = tf.data.AUTOTUNE

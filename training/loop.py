@@ -1,9 +1,9 @@
 """The training loop of `keras-preact train`, on Keras' TensorFlow, JAX or PyTorch backend.
 
-Each backend runs the steps through its engine (`training.engines`: `tf.distribute` on
+Each backend runs the steps through its engine (`keras_preact_training.engines`: `tf.distribute` on
 TensorFlow, one device on JAX and PyTorch); everything else (data, evaluation, logs,
 checkpoints, resuming) is one loop, `train`. Nothing here imports TensorFlow: under JAX or
-PyTorch a run needs only NumPy and Pillow to read its images (`training.input_numpy`).
+PyTorch a run needs only NumPy and Pillow to read its images (`keras_preact_training.input_numpy`).
 """
 
 import csv
@@ -17,7 +17,7 @@ import time
 import keras
 import numpy as np
 
-from keras_preact import stacked
+from keras_preact import walks
 from . import checkpoints, configs, data, defaults, engines, files, plots, recipe
 
 # test_* or validation_*: the split a run evaluates on (`Config.validation_examples`); hours: of
@@ -53,7 +53,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     Under Keras' TensorFlow backend the steps run under the `tf.distribute` strategy of
     `config.strategy` (`engines.TensorFlowSteps`); under JAX and PyTorch, on one device
     (`engines.JaxSteps`, `engines.TorchSteps`). All write the same checkpoints
-    (`training.checkpoints`), so a run started under one backend resumes under another.
+    (`keras_preact_training.checkpoints`), so a run started under one backend resumes under another.
 
     A run records its config in `run_dir/config.json` when it starts; a resumed run whose
     config differs from it in a field outside `RESUMABLE_CHANGES` is refused, unless
@@ -180,7 +180,7 @@ def average_statistics(model, split, pipeline=None, images=AVERAGE_STATISTICS_IM
     splits of pixels or files)."""
     if pipeline is None:
         from . import input_numpy as pipeline
-    norms = [layer for layer in stacked.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
+    norms = walks.batch_norms(model)
     momenta = [norm.momentum for norm in norms]
     try:
         sample = data.subset(split, images, seed=0, shuffled=True)

@@ -4,7 +4,7 @@ Augmentation and normalisation are Keras layers inside the training model, the
 learning-rate schedule is a Keras `LearningRateSchedule`, the weight decay is set in
 the network (`keras_preact.defaults.weight_regularizer`) and the optimizer applies it
 (`CoupledSGD`): `model.fit` on in-memory arrays trains with the paper's recipe under
-TensorFlow, JAX or PyTorch. The TensorFlow loop of `training.loop` uses the same objects
+TensorFlow, JAX or PyTorch. The TensorFlow loop of `keras_preact_training.loop` uses the same objects
 under `tf.distribute`.
 """
 
@@ -14,8 +14,10 @@ import keras
 from keras import ops
 
 import keras_preact
-from keras_preact import blocks
+from keras_preact import walks
 from keras_preact.pretrained import normalization
+
+from . import configs
 
 
 @keras.saving.register_keras_serializable(package="keras_preact_training")
@@ -142,7 +144,7 @@ class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def schedule(config, steps_per_epoch):
-    """The learning-rate schedule of `config` (see `training.configs.Config`)."""
+    """The learning-rate schedule of `config` (see `keras_preact_training.configs.Config`)."""
     if config.schedule == "cosine":
         return WarmupCosineDecay(config.scaled_learning_rate, config.total_steps(steps_per_epoch),
                                  config.to_steps(config.warmup, steps_per_epoch), config.scaled_warmup_learning_rate)
@@ -281,7 +283,7 @@ def training_model(config, input_shape, classes, seed=None):
 
     Example, the recipe with plain `model.fit` on arrays (any backend):
 
-    >>> config = training.configs.CONFIGS["cifar10_paper"]
+    >>> config = keras_preact_training.configs.CONFIGS["cifar10_paper"]
     >>> model = training_model(config, (32, 32, 3), classes=10)
     >>> model.compile(optimizer(config, 390, model), loss(), metrics=["accuracy"])
     >>> model.fit(images, labels, batch_size=128, epochs=164)  # images: pixels 0-255
@@ -290,17 +292,6 @@ def training_model(config, input_shape, classes, seed=None):
     return keras.Sequential(
         [keras.Input(input_shape, name="pixels"), *preprocessing(config, seed), network], name=f"train_{network.name}"
     )
-
-
-# Fig. 2's shortcut variants: a config's `merge` -> the layer every unit merges with.
-MERGES = {
-    "addition": lambda config: None,
-    "no_shortcut": lambda config: keras_preact.NoShortcut(),
-    "constant_scaling": lambda config: keras_preact.ConstantScaling(*map(float, config.scaling)),
-    "exclusive_gating": lambda config: keras_preact.ExclusiveGating(gate_bias=float(config.gate_bias)),
-    "shortcut_only_gating": lambda config: keras_preact.ShortcutOnlyGating(gate_bias=float(config.gate_bias)),
-    "shortcut_dropout": lambda config: keras_preact.ShortcutDropout(float(config.shortcut_dropout), seed=config.seed),
-}
 
 
 def network_of(config, input_shape, classes):
@@ -318,10 +309,10 @@ def network_of(config, input_shape, classes):
         rematerialize=config.rematerialize,
         # Loops cannot reduce BatchNorm's statistics across replicas (Config's check).
         scan_units=False if config.scan_units is None and config.synchronized_batch_norm else config.scan_units,
-        merge=MERGES[config.merge](config),
+        merge=configs.MERGES[config.merge](config),
         **options,
     )
-    blocks.set_fused(network, config.fused_batch_norm)
+    walks.set_fused(network, config.fused_batch_norm)
     return network
 
 

@@ -7,7 +7,7 @@ keras-tuner `HyperModel` spans exactly those values for each gating; every trial
 with the config's recipe (`model.fit` on in-memory images, the recipe's layers,
 schedule and weight decay) on the training set less a held-out validation split, and
 its objective is the error on that split, never the test set. The best (gating, b_g) is
-then trained on the whole training set with `training.loop.train` and evaluated on the
+then trained on the whole training set with `keras_preact_training.loop.train` and evaluated on the
 test set. keras-tuner keeps its state in the output folder: the same command run again
 resumes the search, skipping finished trials, and the final run resumes from its
 checkpoints.

@@ -103,7 +103,7 @@ def curve_images(registry=None):
 
 
 # Config fields that say how a run was logged, where its files were, or which kernels and
-# layout computed the same network (to float rounding, `training.configs.Config`), not what it trained.
+# layout computed the same network (to float rounding, `keras_preact_training.configs.Config`), not what it trained.
 NOT_RECIPE = ("model", "unit", "data_dir", "checkpoint_every", "evaluate_every", "log_every", "scan_units",
               "rematerialize", "fused_batch_norm", "deterministic")
 

@@ -1,6 +1,5 @@
 """Serving exported models over TF Serving's REST API: `keras-preact serve`.
 
-    contract.py            the exported model's signatures, files and metadata (export reads it too)
     requests.py            a :predict body read, bounded and checked; an answer written
     model.py               ModelServer: one exported version and TF Serving's semantics over it
     tensorflow_runtime.py  the SavedModel's signatures on TensorFlow
@@ -11,6 +10,7 @@
     connections.py         a deadline, a bound and JSON errors around uvicorn's h11 protocol
     server.py              serve(): uvicorn on a listening socket, the runtime chosen
 
-The onnxruntime runtime imports neither TensorFlow nor Keras: a deployment that serves
+The exported model's contract (its signatures, files and metadata) is `keras_preact_training.contract`,
+which export writes and serving reads. The onnxruntime runtime imports neither TensorFlow nor Keras: a deployment that serves
 ONNX models needs only onnxruntime, NumPy, Pillow, Starlette and uvicorn.
 """

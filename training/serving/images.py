@@ -15,7 +15,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from . import contract
+from .. import contract
 
 # Formats decoded to their own channels, then converted (`to_channels`), as `export.decode`
 # does with TensorFlow's GIF and BMP decoders; JPEG and PNG decode to the channels asked.

@@ -7,7 +7,8 @@ import os
 import numpy as np
 
 from ..defaults import DEFAULT_MAX_BATCH
-from . import contract, requests
+from .. import contract
+from . import requests
 from .requests import BadRequest
 
 # What runs the network: the SavedModel on TensorFlow, or its ONNX models on onnxruntime

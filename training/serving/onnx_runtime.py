@@ -14,7 +14,8 @@ import numpy as np
 
 from keras_preact.checksums import sha256
 from ..defaults import ONNX_EXTRA
-from . import contract, images
+from .. import contract
+from . import images
 from .requests import UNDECODABLE, BadRequest
 
 

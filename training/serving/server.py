@@ -11,7 +11,7 @@ import sys
 import uvicorn
 
 from ..defaults import DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT
-from . import contract
+from .. import contract
 from .application import application
 from .connections import MAX_HEAD_BYTES, Connections
 from .model import ModelServer

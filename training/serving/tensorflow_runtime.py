@@ -6,7 +6,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from . import contract
+from .. import contract
 from .requests import UNDECODABLE, BadRequest
 
 

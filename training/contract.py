@@ -18,7 +18,7 @@ import dataclasses
 import os
 import re
 
-from .. import files
+from . import files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Preprocessing:
 
     @classmethod
     def of(cls, config, channels):
-        """The evaluation preprocessing of a training config (`training.configs.Config`)."""
+        """The evaluation preprocessing of a training config (`keras_preact_training.configs.Config`)."""
         return cls(config.image_size, channels, tuple(config.normalization_mean), tuple(config.normalization_std),
                    "central_crop" if config.dataset == "imagenet2012" else "resize")
 

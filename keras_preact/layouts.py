@@ -1,0 +1,90 @@
+"""A network's units in either layout: as separate layers, or as loops (`StackedUnits`).
+
+A model function builds a stage's units 2 to n as one `keras_preact.stacked.StackedUnits`
+layer where `scan_units` asks for it; the functions here move weights between the two
+layouts and rebuild a looped network with separate units. The units of a loop keep the
+names they have as separate layers (`stage1_unit2`, ...), which is how weights find
+their counterparts.
+"""
+
+import re
+
+import keras
+
+from keras_preact import stacked, walks
+
+
+def stacked_name(stage, unit_count):
+    """The name of the `StackedUnits` layer that holds units 2 to `unit_count` of `stage`."""
+    return f"stage{stage}_units2to{unit_count}"
+
+
+STACKED_NAME = re.compile(r"stage(\d+)_units(\d+)to(\d+)")
+
+
+def _unit_names(layer):
+    """The names a layer's units have in a network of separate units."""
+    match = STACKED_NAME.fullmatch(layer.name) if isinstance(layer, stacked.StackedUnits) else None
+    if match is None:
+        return [layer.name]
+    stage, first, last = map(int, match.groups())
+    return [f"stage{stage}_unit{index}" for index in range(first, last + 1)]
+
+
+def copy_weights(source: keras.Model, target: keras.Model) -> None:
+    """Copies every weight of `source` into `target`, the same network in either layout.
+
+    The two may differ in `scan_units`: a `StackedUnits` layer's slices go to or come
+    from the separate units of the same names (`stage1_unit2`, ...).
+
+    Raises:
+        ValueError: if a layer or unit of `target` has no counterpart in `source`, or
+            their weights differ in number or shape.
+    """
+    weights = {}
+    for layer in source.layers:
+        for index, name in enumerate(_unit_names(layer)):
+            weights[name] = layer.unit_weights(index) if isinstance(layer, stacked.StackedUnits) else layer.get_weights()
+    for layer in target.layers:
+        if not layer.weights:  # inputs, pooling, ReLU: nothing to copy, whatever the source has
+            continue
+        names = _unit_names(layer)
+        missing = [name for name in names if name not in weights]
+        if missing:
+            raise ValueError(
+                f"copy_weights needs the same network in both models; {source.name} has no layers "
+                f"{missing[:3]}{' ...' if len(missing) > 3 else ''}. Received: source={source.name}, "
+                f"target={target.name}"
+            )
+        if isinstance(layer, stacked.StackedUnits):
+            for index, name in enumerate(names):
+                layer.set_unit_weights(index, weights[name])
+        else:
+            layer.set_weights(weights[layer.name])
+
+
+def separate_units(model: keras.Model) -> keras.Model:
+    """`model` with each loop of units (`StackedUnits`) as separate units, the same weights.
+
+    The network a model function builds with `scan_units=False`, made from any model
+    whose layers form a chain (every keras-preact network): for `keras_preact.analysis`,
+    which measures units one by one, or to save a file in the other layout. A model
+    without loops is returned as it is.
+
+    Raises:
+        ValueError: for a model with loops whose layers do not form a chain.
+    """
+    if not any(isinstance(layer, stacked.StackedUnits) for layer in model.layers):
+        return model
+    inputs = keras.Input(shape=model.inputs[0].shape[1:], dtype=model.inputs[0].dtype, name=model.inputs[0].name)
+    x = inputs
+    for layer in walks.chain_layers(model):
+        if isinstance(layer, stacked.StackedUnits):
+            unit_config = layer.unit.get_config()
+            for name in _unit_names(layer):
+                x = type(layer.unit).from_config({**unit_config, "name": name})(x)
+        else:
+            x = type(layer).from_config(layer.get_config())(x)
+    separate = keras.Model(inputs, x, name=model.name)
+    copy_weights(model, separate)
+    return separate

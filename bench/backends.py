@@ -32,8 +32,10 @@ def measure(name, batch, steps):
     started = time.perf_counter()
     model = keras_preact.get_model(name, input_shape=(32, 32, 3), classes=10, classifier_activation=None)
     build = time.perf_counter() - started
-    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     rng = np.random.default_rng(0)
     images = rng.normal(size=(batch, 32, 32, 3)).astype("float32")
     labels = rng.integers(0, 10, size=(batch,))
@@ -51,8 +53,13 @@ def measure(name, batch, steps):
         started = time.perf_counter()
         model.predict_on_batch(images)
         inference.append(batch / (time.perf_counter() - started))
-    return dict(build_s=build, first_step_s=first, step_s=statistics.median(later),
-                images_per_second=batch / statistics.median(later), inference_per_second=statistics.median(inference))
+    return dict(
+        build_s=build,
+        first_step_s=first,
+        step_s=statistics.median(later),
+        images_per_second=batch / statistics.median(later),
+        inference_per_second=statistics.median(inference),
+    )
 
 
 def main():
@@ -72,7 +79,9 @@ def main():
 
     from importlib import metadata
 
-    versions = ", ".join(f"{package} {metadata.version(package)}" for package in ("tensorflow", "jax", "torch", "keras"))
+    versions = ", ".join(
+        f"{package} {metadata.version(package)}" for package in ("tensorflow", "jax", "torch", "keras")
+    )
     print(f"machine: {machine()}; {versions}")
     print("| model | backend | batch | build s | first step s | step s | train img/s | infer img/s |")
     print("|---|---|---|---|---|---|---|---|")
@@ -80,15 +89,21 @@ def main():
         for backend in arguments.backends:
             child = subprocess.run(
                 [sys.executable, __file__, "--child", name, str(arguments.batch), str(arguments.steps)],
-                env=dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True, text=True)
+                env=dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3"),
+                capture_output=True,
+                text=True,
+            )
             if child.returncode != 0:
                 print(f"| {name} | {backend} | failed: {child.stderr.strip().splitlines()[-1]} |")
                 continue
             figures = json.loads(child.stdout.strip().splitlines()[-1])
-            print(f"| {name} | {backend} | {arguments.batch} | {figures['build_s']:.1f} | "
-                  f"{figures['first_step_s']:.1f} | "
-                  f"{figures['step_s']:.3f} | {figures['images_per_second']:.1f} | "
-                  f"{figures['inference_per_second']:.1f} |", flush=True)
+            print(
+                f"| {name} | {backend} | {arguments.batch} | {figures['build_s']:.1f} | "
+                f"{figures['first_step_s']:.1f} | "
+                f"{figures['step_s']:.3f} | {figures['images_per_second']:.1f} | "
+                f"{figures['inference_per_second']:.1f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

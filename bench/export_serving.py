@@ -46,16 +46,28 @@ def exported(name, directory, formats=("saved_model",), fold_batch_norms=True):
     images = np.random.default_rng(0).normal(size=(16, *CIFAR.shape)).astype("float32")
     keras_preact.analysis.set_batch_norm_statistics(network, images)
     started = time.perf_counter()
-    path = export.export_saved_model(network, os.path.join(directory, name), CLASS_NAMES, CIFAR, formats=formats,
-                                     fold_batch_norms=fold_batch_norms, verbose=False)
+    path = export.export_saved_model(
+        network,
+        os.path.join(directory, name),
+        CLASS_NAMES,
+        CIFAR,
+        formats=formats,
+        fold_batch_norms=fold_batch_norms,
+        verbose=False,
+    )
     export_seconds = time.perf_counter() - started
     started = time.perf_counter()
     signature = tf.saved_model.load(path).signatures["serving_default"]
     reload_seconds = time.perf_counter() - started
     signature(images=tf.constant([jpeg(0)]))
     first_prediction = time.perf_counter() - started
-    return path, dict(build_s=build, export_s=export_seconds, megabytes=export.directory_megabytes(path),
-                      reload_s=reload_seconds, reload_and_first_prediction_s=first_prediction)
+    return path, dict(
+        build_s=build,
+        export_s=export_seconds,
+        megabytes=export.directory_megabytes(path),
+        reload_s=reload_seconds,
+        reload_and_first_prediction_s=first_prediction,
+    )
 
 
 def jpeg(seed):
@@ -67,8 +79,12 @@ def requests_per_second(model_dir, clients, requests):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "keras_preact_training", "serve", model_dir, "--port", str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "keras_preact_training", "serve", model_dir, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         server.stdout.readline()  # "Serving ..." once the model is loaded
         url = f"http://127.0.0.1:{port}/v1/models/{os.path.basename(model_dir)}:predict"
@@ -103,14 +119,20 @@ def main():
         paths = {}
         for name in arguments.models:
             paths[name], figures = exported(name, directory)
-            print(f"| {name} | {figures['build_s']:.1f} | {figures['export_s']:.1f} | {figures['megabytes']:.1f} | "
-                  f"{figures['reload_s']:.1f} | {figures['reload_and_first_prediction_s']:.1f} |", flush=True)
+            print(
+                f"| {name} | {figures['build_s']:.1f} | {figures['export_s']:.1f} | {figures['megabytes']:.1f} | "
+                f"{figures['reload_s']:.1f} | {figures['reload_and_first_prediction_s']:.1f} |",
+                flush=True,
+            )
         for name in arguments.serve:
             if name not in paths:
                 paths[name], _ = exported(name, directory)
             rate = requests_per_second(os.path.dirname(paths[name]), arguments.clients, arguments.requests)
-            print(f"{name} served: {rate:.1f} requests/s (one 32x32 JPEG each, {arguments.clients} concurrent "
-                  f"clients x {arguments.requests} requests)", flush=True)
+            print(
+                f"{name} served: {rate:.1f} requests/s (one 32x32 JPEG each, {arguments.clients} concurrent "
+                f"clients x {arguments.requests} requests)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

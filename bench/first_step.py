@@ -64,9 +64,16 @@ def measure(name, layout, batch, steps):
     model.fit(dataset, epochs=1, verbose=0, callbacks=[StepEnds()])
     later = [after - before for before, after in zip(ends, ends[1:])]
     loops = any(isinstance(layer, keras_preact.StackedUnits) for layer in model.layers)
-    return dict(model=name, layout=layout, loops=loops, batch=batch, build_s=build_seconds,
-                first_step_s=ends[0] - started, step_s=statistics.median(later) if later else None,
-                peak_gib=peak_resident_gibibytes())
+    return dict(
+        model=name,
+        layout=layout,
+        loops=loops,
+        batch=batch,
+        build_s=build_seconds,
+        first_step_s=ends[0] - started,
+        step_s=statistics.median(later) if later else None,
+        peak_gib=peak_resident_gibibytes(),
+    )
 
 
 def phases(name, layout, batch, steps, grappler):
@@ -92,11 +99,19 @@ def phases(name, layout, batch, steps, grappler):
         step().numpy()
         later.append(time.perf_counter() - started)
         later_system.append(_system_usage_since(usage))
-    return dict(model=name, layout=layout, batch=batch, trace_s=trace_seconds, operations=operations,
-                first_call_s=first_call_seconds, step_s=statistics.median(later),
-                first_call_system_s=first_call_system[0], first_call_page_faults=first_call_system[1],
-                step_system_s=statistics.median(seconds for seconds, _ in later_system),
-                step_page_faults=statistics.median(faults for _, faults in later_system))
+    return dict(
+        model=name,
+        layout=layout,
+        batch=batch,
+        trace_s=trace_seconds,
+        operations=operations,
+        first_call_s=first_call_seconds,
+        step_s=statistics.median(later),
+        first_call_system_s=first_call_system[0],
+        first_call_page_faults=first_call_system[1],
+        step_system_s=statistics.median(seconds for seconds, _ in later_system),
+        step_page_faults=statistics.median(faults for _, faults in later_system),
+    )
 
 
 def _system_usage_since(usage):
@@ -106,8 +121,15 @@ def _system_usage_since(usage):
 
 
 def run(arguments, *options):
-    command = [sys.executable, os.path.abspath(__file__), *options, "--batch", str(arguments.batch),
-               "--steps", str(arguments.steps)]
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        *options,
+        "--batch",
+        str(arguments.batch),
+        "--steps",
+        str(arguments.steps),
+    ]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{options} failed: {result.stderr.strip().splitlines()[-1:]}")
@@ -115,18 +137,23 @@ def run(arguments, *options):
 
 
 def print_phases(arguments):
-    print("| model | layout | batch | trace s | operations | first call s | of which Grappler s | trace + first call s "
-          "| later step s | system CPU s, first call / later step | page faults, first call / later step |")
+    print(
+        "| model | layout | batch | trace s | operations | first call s | of which Grappler s | trace + first call s "
+        "| later step s | system CPU s, first call / later step | page faults, first call / later step |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in arguments.models:
         for layout in arguments.layouts:
             row = run(arguments, "--phase", name, layout, "on")
             without = run(arguments, "--phase", name, layout, "off")
-            print(f"| {name} | {layout} | {row['batch']} | {row['trace_s']:.1f} | {row['operations']:,} | "
-                  f"{row['first_call_s']:.1f} | {row['first_call_s'] - without['first_call_s']:.1f} | "
-                  f"{row['trace_s'] + row['first_call_s']:.1f} | {row['step_s']:.3f} | "
-                  f"{row['first_call_system_s']:.1f} / {row['step_system_s']:.2f} | "
-                  f"{row['first_call_page_faults']:,} / {row['step_page_faults']:,.0f} |", flush=True)
+            print(
+                f"| {name} | {layout} | {row['batch']} | {row['trace_s']:.1f} | {row['operations']:,} | "
+                f"{row['first_call_s']:.1f} | {row['first_call_s'] - without['first_call_s']:.1f} | "
+                f"{row['trace_s'] + row['first_call_s']:.1f} | {row['step_s']:.3f} | "
+                f"{row['first_call_system_s']:.1f} / {row['step_system_s']:.2f} | "
+                f"{row['first_call_page_faults']:,} / {row['step_page_faults']:,.0f} |",
+                flush=True,
+            )
 
 
 def main():
@@ -157,9 +184,11 @@ def main():
     for name in arguments.models:
         for layout in arguments.layouts:
             row = run(arguments, "--one", name, layout)
-            print(f"| {row['model']} | {row['layout']} | {'yes' if row['loops'] else 'no'} | {row['batch']} | "
-                  f"{row['build_s']:.1f} | {row['first_step_s']:.1f} | {row['step_s']:.3f} | {row['peak_gib']:.2f} |",
-                  flush=True)
+            print(
+                f"| {row['model']} | {row['layout']} | {'yes' if row['loops'] else 'no'} | {row['batch']} | "
+                f"{row['build_s']:.1f} | {row['first_step_s']:.1f} | {row['step_s']:.3f} | {row['peak_gib']:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -78,7 +78,9 @@ def forward_flops(model):
     flops = _graph_flops(lambda images: model(images, training=False), model.input_shape[1:])
     for layer in model.layers:
         if isinstance(layer, keras_preact.StackedUnits):
-            flops += layer.count * _graph_flops(lambda inputs: layer.unit(inputs, training=False), layer.input.shape[1:])
+            flops += layer.count * _graph_flops(
+                lambda inputs: layer.unit(inputs, training=False), layer.input.shape[1:]
+            )
     return flops
 
 
@@ -133,11 +135,19 @@ def measure(name, steps, precision="float32", xla=False, batch=None, unfused=Fal
     label = name + "".join(f" {option}" for option, value in options.items() if value)
     label += (f" {precision}" if precision != "float32" else "") + (" XLA" if xla else "")
     label += " unfused BatchNorm" if unfused else ""
-    return dict(name=label, batch=batch, image_size=shape[0], build_s=build_seconds, first_step_s=first_step,
-                train_images_per_s=batch / statistics.median(step_seconds),
-                inference_images_per_s=batch / statistics.median(inference_seconds),
-                export_s=export_seconds, reload_s=reload_seconds, forward_flops=forward_flops(model),
-                peak_gib=training_peak)
+    return dict(
+        name=label,
+        batch=batch,
+        image_size=shape[0],
+        build_s=build_seconds,
+        first_step_s=first_step,
+        train_images_per_s=batch / statistics.median(step_seconds),
+        inference_images_per_s=batch / statistics.median(inference_seconds),
+        export_s=export_seconds,
+        reload_s=reload_seconds,
+        forward_flops=forward_flops(model),
+        peak_gib=training_peak,
+    )
 
 
 def random_batch_training(model, batch, xla=False):
@@ -187,8 +197,11 @@ def _timed(function):
 def run_one(name, steps, options=()):
     """Measures one network in a fresh process; `options` are this script's flags."""
     if name.startswith("torch_"):
-        command = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peers.py"), "--model",
-                   name[len("torch_"):]]
+        command = [
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peers.py"),
+            "--model",
+            name[len("torch_") :],
+        ]
     else:
         command = [os.path.abspath(__file__), "--one", name, *options]
     result = subprocess.run([sys.executable, *command, "--steps", str(steps)], capture_output=True, text=True)
@@ -200,27 +213,49 @@ def run_one(name, steps, options=()):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["resnet164"], help="keras-preact networks")
-    parser.add_argument("--peers", nargs="*", default=["ResNet50V2"], choices=sorted(PEERS),
-                        help="Keras Applications peers, each measured with our network of its depth")
-    parser.add_argument("--torch", nargs="*", default=[], choices=["resnet50", "resnet164"],
-                        help="PyTorch peers of our networks (needs torch, the `bench` extra)")
+    parser.add_argument(
+        "--peers",
+        nargs="*",
+        default=["ResNet50V2"],
+        choices=sorted(PEERS),
+        help="Keras Applications peers, each measured with our network of its depth",
+    )
+    parser.add_argument(
+        "--torch",
+        nargs="*",
+        default=[],
+        choices=["resnet50", "resnet164"],
+        help="PyTorch peers of our networks (needs torch, the `bench` extra)",
+    )
     parser.add_argument("--steps", type=int, default=3, help="timed training steps after the first")
-    parser.add_argument("--variants", action="store_true",
-                        help="also measure --models with mixed_bfloat16, with XLA, and with both")
-    parser.add_argument("--scan-units", action="store_true",
-                        help="build --models with scan_units=True (each stage's units as one loop)")
+    parser.add_argument(
+        "--variants", action="store_true", help="also measure --models with mixed_bfloat16, with XLA, and with both"
+    )
+    parser.add_argument(
+        "--scan-units", action="store_true", help="build --models with scan_units=True (each stage's units as one loop)"
+    )
     parser.add_argument("--rematerialize", action="store_true", help="build --models with rematerialize=True")
     parser.add_argument("--batch", type=int, help="the batch size of --models (default 128 for CIFAR nets, 32 else)")
-    parser.add_argument("--unfused", action="store_true",
-                        help="also measure --models with BatchNorm's portable path instead of the fused kernel")
+    parser.add_argument(
+        "--unfused",
+        action="store_true",
+        help="also measure --models with BatchNorm's portable path instead of the fused kernel",
+    )
     parser.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--xla", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.one:
-        ours = {} if arguments.one in PEERS else dict(
-            scan_units=arguments.scan_units, rematerialize=arguments.rematerialize, batch=arguments.batch,
-            unfused=arguments.unfused)
+        ours = (
+            {}
+            if arguments.one in PEERS
+            else dict(
+                scan_units=arguments.scan_units,
+                rematerialize=arguments.rematerialize,
+                batch=arguments.batch,
+                unfused=arguments.unfused,
+            )
+        )
         print(json.dumps(measure(arguments.one, arguments.steps, arguments.precision, arguments.xla, **ours)))
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -228,10 +263,18 @@ def main():
 
     peak = matmul_flops_per_second()
     print(f"machine: {machine()}; float32 matmul {peak / 1e9:.0f} GFLOP/s; {time.strftime('%Y-%m-%d')}")
-    names = list(dict.fromkeys(arguments.models + [name for peer in arguments.peers for name in (PEERS[peer], peer)]
-                               + [name for model in arguments.torch for name in (model, f"torch_{model}")]))
-    ours = [flag for flag, value in (("--scan-units", arguments.scan_units),
-                                      ("--rematerialize", arguments.rematerialize)) if value]
+    names = list(
+        dict.fromkeys(
+            arguments.models
+            + [name for peer in arguments.peers for name in (PEERS[peer], peer)]
+            + [name for model in arguments.torch for name in (model, f"torch_{model}")]
+        )
+    )
+    ours = [
+        flag
+        for flag, value in (("--scan-units", arguments.scan_units), ("--rematerialize", arguments.rematerialize))
+        if value
+    ]
     ours += ["--batch", str(arguments.batch)] if arguments.batch else []
     results = {name: run_one(name, arguments.steps, ours) for name in names}
     if arguments.unfused:
@@ -244,34 +287,44 @@ def main():
                 results[row["name"]] = row
     for name in names:  # the same network in PyTorch does the same work
         if name.startswith("torch_"):
-            results[name]["forward_flops"] = results[name[len("torch_"):]]["forward_flops"]
-    print("| network | batch x size | build s | first step s | train img/s | infer img/s | export s | "
-          "reload s | peak GiB | GFLOPs/img | of matmul peak |")
+            results[name]["forward_flops"] = results[name[len("torch_") :]]["forward_flops"]
+    print(
+        "| network | batch x size | build s | first step s | train img/s | infer img/s | export s | "
+        "reload s | peak GiB | GFLOPs/img | of matmul peak |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in results.values():
         fraction = row["train_images_per_s"] * TRAINING_FLOPS_PER_FORWARD * row["forward_flops"] / peak
         optional = [f"{row[field]:.1f}" if field in row else "-" for field in ("export_s", "reload_s")]
         optional.append(f"{row['peak_gib']:.2f}" if "peak_gib" in row else "-")
-        print(f"| {row['name']} | {row['batch']} x {row['image_size']} | {row['build_s']:.1f} | {row['first_step_s']:.1f} | "
-              f"{row['train_images_per_s']:.1f} | {row['inference_images_per_s']:.1f} | {' | '.join(optional)} | "
-              f"{row['forward_flops'] / 1e9:.2f} | {fraction:.0%} |")
+        print(
+            f"| {row['name']} | {row['batch']} x {row['image_size']} | {row['build_s']:.1f} | {row['first_step_s']:.1f} | "
+            f"{row['train_images_per_s']:.1f} | {row['inference_images_per_s']:.1f} | {' | '.join(optional)} | "
+            f"{row['forward_flops'] / 1e9:.2f} | {fraction:.0%} |"
+        )
     for peer in arguments.peers:
         ours, theirs = results[PEERS[peer]], results[peer]
-        print(f"{PEERS[peer]} / {peer}: training {ours['train_images_per_s'] / theirs['train_images_per_s']:.2f}x, "
-              f"inference {ours['inference_images_per_s'] / theirs['inference_images_per_s']:.2f}x, "
-              f"first step {theirs['first_step_s'] / ours['first_step_s']:.2f}x as fast")
+        print(
+            f"{PEERS[peer]} / {peer}: training {ours['train_images_per_s'] / theirs['train_images_per_s']:.2f}x, "
+            f"inference {ours['inference_images_per_s'] / theirs['inference_images_per_s']:.2f}x, "
+            f"first step {theirs['first_step_s'] / ours['first_step_s']:.2f}x as fast"
+        )
     if arguments.unfused:
         for name in arguments.models:
             fused, unfused = results[name], results[f"{name} unfused"]
-            print(f"{name}, fused / unfused BatchNorm: training "
-                  f"{fused['train_images_per_s'] / unfused['train_images_per_s']:.2f}x, inference "
-                  f"{fused['inference_images_per_s'] / unfused['inference_images_per_s']:.2f}x, first step "
-                  f"{unfused['first_step_s'] / fused['first_step_s']:.2f}x as fast")
+            print(
+                f"{name}, fused / unfused BatchNorm: training "
+                f"{fused['train_images_per_s'] / unfused['train_images_per_s']:.2f}x, inference "
+                f"{fused['inference_images_per_s'] / unfused['inference_images_per_s']:.2f}x, first step "
+                f"{unfused['first_step_s'] / fused['first_step_s']:.2f}x as fast"
+            )
     for model in arguments.torch:
         ours, theirs = results[model], results[f"torch_{model}"]
-        print(f"{model} / PyTorch {theirs['torch']} ({theirs['threads']} threads): training "
-              f"{ours['train_images_per_s'] / theirs['train_images_per_s']:.2f}x, inference "
-              f"{ours['inference_images_per_s'] / theirs['inference_images_per_s']:.2f}x")
+        print(
+            f"{model} / PyTorch {theirs['torch']} ({theirs['threads']} threads): training "
+            f"{ours['train_images_per_s'] / theirs['train_images_per_s']:.2f}x, inference "
+            f"{ours['inference_images_per_s'] / theirs['inference_images_per_s']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -62,16 +62,16 @@ def main():
     parser.add_argument("--pipelines", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--batches", type=int, default=200)
     arguments = parser.parse_args()
-    print(f"machine: {processor()}, {os.cpu_count()} cores, NumPy {np.__version__}, Python "
-          f"{platform.python_version()}")
+    print(f"machine: {processor()}, {os.cpu_count()} cores, NumPy {np.__version__}, Python {platform.python_version()}")
     for case in arguments.pipelines:
         pipeline = "tensorflow" if case == "tensorflow" else "numpy"
-        config = configs.CONFIGS["cifar10_zoo"].override(f"data_dir={arguments.data_dir}",
-                                                         f"input_pipeline={pipeline}")
+        config = configs.CONFIGS["cifar10_zoo"].override(f"data_dir={arguments.data_dir}", f"input_pipeline={pipeline}")
         batches = arguments.batches if case == "numpy" else max(arguments.batches // 10, 10)
         prepared, rate = images_per_second(config, case, batches)
-        print(f"{case:<12} ({CASES[case]}): prepared in {prepared:.1f} s, {rate:,.0f} images/s "
-              f"({batches} batches of {config.batch_size})")
+        print(
+            f"{case:<12} ({CASES[case]}): prepared in {prepared:.1f} s, {rate:,.0f} images/s "
+            f"({batches} batches of {config.batch_size})"
+        )
 
 
 if __name__ == "__main__":

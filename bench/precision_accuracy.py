@@ -34,8 +34,10 @@ def machine():
         import jax
 
         devices = [device.device_kind for device in jax.devices()]
-    return (f"{processor()}, {os.cpu_count()} cores, devices {devices or 'CPU'}, Keras {keras.__version__} on "
-            f"{keras.backend.backend()}, Python {platform.python_version()}")
+    return (
+        f"{processor()}, {os.cpu_count()} cores, devices {devices or 'CPU'}, Keras {keras.__version__} on "
+        f"{keras.backend.backend()}, Python {platform.python_version()}"
+    )
 
 
 def decode(path):
@@ -69,8 +71,14 @@ def load(data_dir, arrays):
         raise FileNotFoundError(f"--data-dir must hold train/ and test/ class folders. Received: {data_dir!r}")
     splits = image_folder(data_dir)
     if arrays:
-        np.savez(arrays, **{f"{split}_{part}": value for split, (images, labels) in splits.items()
-                           for part, value in (("images", images), ("labels", labels))})
+        np.savez(
+            arrays,
+            **{
+                f"{split}_{part}": value
+                for split, (images, labels) in splits.items()
+                for part, value in (("images", images), ("labels", labels))
+            },
+        )
     return splits
 
 
@@ -87,10 +95,14 @@ class EpochLog(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self.started
-        self.epochs.append(dict(epoch=epoch + 1, loss=float(logs["loss"]), accuracy=float(logs["accuracy"]),
-                                seconds=round(seconds, 2)))
-        print(f"epoch {epoch + 1}: loss {logs['loss']:.4f}, accuracy {logs['accuracy']:.4f}, {seconds:.1f} s "
-              f"({self.images_per_epoch / seconds:.0f} images/s)", flush=True)
+        self.epochs.append(
+            dict(epoch=epoch + 1, loss=float(logs["loss"]), accuracy=float(logs["accuracy"]), seconds=round(seconds, 2))
+        )
+        print(
+            f"epoch {epoch + 1}: loss {logs['loss']:.4f}, accuracy {logs['accuracy']:.4f}, {seconds:.1f} s "
+            f"({self.images_per_epoch / seconds:.0f} images/s)",
+            flush=True,
+        )
 
 
 def main():
@@ -101,8 +113,13 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--epochs", type=float, help="the schedule's length (default: the config's 30)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
-                        help="more changes to the config, as `keras-preact train --set`")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="more changes to the config, as `keras-preact train --set`",
+    )
     parser.add_argument("--output", help="a file to append the run's JSON line to")
     parser.add_argument("--decode-only", action="store_true", help="write --arrays and stop")
     arguments = parser.parse_args()
@@ -110,8 +127,12 @@ def main():
     splits = load(arguments.data_dir, arguments.arrays)
     if arguments.decode_only:
         return
-    overrides = ["schedule=cosine", f"model={arguments.model}", f"seed={arguments.seed}",
-                 f"precision={arguments.precision}"]
+    overrides = [
+        "schedule=cosine",
+        f"model={arguments.model}",
+        f"seed={arguments.seed}",
+        f"precision={arguments.precision}",
+    ]
     if arguments.epochs:
         overrides.append(f"duration={arguments.epochs}")
     config = configs.CONFIGS["cifar10_cpu"].override(*overrides, *arguments.set)
@@ -122,20 +143,33 @@ def main():
     keras.utils.set_random_seed(config.seed)
     classes = int(train_labels.max()) + 1
     model = recipe.training_model(config, train_images.shape[1:], classes, seed=config.seed)
-    model.compile(recipe.optimizer(config, steps_per_epoch, model), recipe.loss(config.label_smoothing), metrics=["accuracy"])
+    model.compile(
+        recipe.optimizer(config, steps_per_epoch, model), recipe.loss(config.label_smoothing), metrics=["accuracy"]
+    )
     log = EpochLog(len(train_images))
     started = time.perf_counter()
     model.fit(train_images, train_labels, batch_size=config.batch_size, epochs=epochs, callbacks=[log], verbose=0)
     training_seconds = time.perf_counter() - started
     _, test_accuracy = model.evaluate(test_images, test_labels, batch_size=500, verbose=0)
     _, train_accuracy = model.evaluate(train_images, train_labels, batch_size=500, verbose=0)
-    result = dict(model=config.model, precision=config.precision, seed=config.seed, epochs=epochs,
-                  changes=arguments.set, test_error=round(100 * (1 - test_accuracy), 2),
-                  train_error=round(100 * (1 - train_accuracy), 2), training_seconds=round(training_seconds, 1),
-                  machine=machine(), history=log.epochs)
+    result = dict(
+        model=config.model,
+        precision=config.precision,
+        seed=config.seed,
+        epochs=epochs,
+        changes=arguments.set,
+        test_error=round(100 * (1 - test_accuracy), 2),
+        train_error=round(100 * (1 - train_accuracy), 2),
+        training_seconds=round(training_seconds, 1),
+        machine=machine(),
+        history=log.epochs,
+    )
     run = " ".join([config.model, config.precision, f"seed {config.seed}", *arguments.set])
-    print(f"{run}: final-epoch test error {result['test_error']:.2f} % (training images, inference mode: "
-          f"{result['train_error']:.2f} %) after {epochs} epochs, {training_seconds:.0f} s", flush=True)
+    print(
+        f"{run}: final-epoch test error {result['test_error']:.2f} % (training images, inference mode: "
+        f"{result['train_error']:.2f} %) after {epochs} epochs, {training_seconds:.0f} s",
+        flush=True,
+    )
     if arguments.output:
         with open(arguments.output, "a") as output:
             output.write(json.dumps(result) + "\n")

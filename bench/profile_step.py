@@ -28,16 +28,50 @@ KINDS = {
     "matrix product": ("MatMul", "_FusedMatMul", "BatchMatMulV2"),
     "BatchNorm, fused kernel (forward and gradient)": ("FusedBatchNormV3", "FusedBatchNormGradV3", "_FusedBatchNormEx"),
     "BatchNorm statistics (reductions)": ("Mean", "Sum", "SquaredDifference", "Prod"),
-    "elementwise arithmetic (BatchNorm, loss)": ("Mul", "AddV2", "Sub", "Rsqrt", "RsqrtGrad", "RealDiv", "Neg",
-                                                 "AddN", "Square", "Reciprocal", "BiasAdd", "BiasAddGrad",
-                                                 "_FusedMulAdd", "_MklFusedMish", "Maximum", "Minimum"),
+    "elementwise arithmetic (BatchNorm, loss)": (
+        "Mul",
+        "AddV2",
+        "Sub",
+        "Rsqrt",
+        "RsqrtGrad",
+        "RealDiv",
+        "Neg",
+        "AddN",
+        "Square",
+        "Reciprocal",
+        "BiasAdd",
+        "BiasAddGrad",
+        "_FusedMulAdd",
+        "_MklFusedMish",
+        "Maximum",
+        "Minimum",
+    ),
     "ReLU and its gradient": ("Relu", "ReluGrad"),
-    "optimizer updates": ("ResourceApplyKerasMomentum", "ResourceApplyMomentum", "AssignSubVariableOp",
-                          "AssignAddVariableOp", "AssignVariableOp"),
-    "data movement (pad, slice, copy, broadcast)": ("Pad", "PadV2", "Slice", "StridedSlice", "StridedSliceGrad",
-                                                    "Identity", "Reshape", "Transpose", "Tile", "BroadcastTo",
-                                                    "ConcatV2", "ReadVariableOp", "Cast", "Fill", "ZerosLike",
-                                                    "OnesLike"),
+    "optimizer updates": (
+        "ResourceApplyKerasMomentum",
+        "ResourceApplyMomentum",
+        "AssignSubVariableOp",
+        "AssignAddVariableOp",
+        "AssignVariableOp",
+    ),
+    "data movement (pad, slice, copy, broadcast)": (
+        "Pad",
+        "PadV2",
+        "Slice",
+        "StridedSlice",
+        "StridedSliceGrad",
+        "Identity",
+        "Reshape",
+        "Transpose",
+        "Tile",
+        "BroadcastTo",
+        "ConcatV2",
+        "ReadVariableOp",
+        "Cast",
+        "Fill",
+        "ZerosLike",
+        "OnesLike",
+    ),
 }
 
 
@@ -50,7 +84,7 @@ IDLE = "IDLE"
 def kind_of(op_type):
     for prefix in ONEDNN_PREFIXES:
         if op_type.startswith(prefix):
-            op_type = op_type[len(prefix):]
+            op_type = op_type[len(prefix) :]
             break
     return next((kind for kind, types in KINDS.items() if op_type in types or f"_{op_type}" in types), "other")
 
@@ -106,14 +140,18 @@ def main():
     by_kind = collections.Counter()
     for op_type, microseconds in times.items():
         by_kind[kind_of(op_type)] += microseconds
-    print(f"machine: {machine()}; {arguments.model}, batch {arguments.batch}, {arguments.steps} steps, "
-          f"{total / 1e6 / arguments.steps:.2f} s of op time per step (and {idle / 1e6 / arguments.steps:.2f} s "
-          "of the op threads idle)")
+    print(
+        f"machine: {machine()}; {arguments.model}, batch {arguments.batch}, {arguments.steps} steps, "
+        f"{total / 1e6 / arguments.steps:.2f} s of op time per step (and {idle / 1e6 / arguments.steps:.2f} s "
+        "of the op threads idle)"
+    )
     print("| kind of op | share of op time | largest op types |")
     print("|---|---|---|")
     for kind, microseconds in by_kind.most_common():
         largest = sorted((op for op in times if kind_of(op) == kind), key=times.get, reverse=True)[:3]
-        print(f"| {kind} | {microseconds / total:.1%} | {', '.join(f'{op} {times[op] / total:.1%}' for op in largest)} |")
+        print(
+            f"| {kind} | {microseconds / total:.1%} | {', '.join(f'{op} {times[op] / total:.1%}' for op in largest)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -54,11 +54,14 @@ def exports(network, directory):
     for kind in ("saved_model", "onnx"):
         for label, fold in FOLDINGS.items():
             started = time.perf_counter()
-            path = export.export_saved_model(network, directory, CLASS_NAMES, CIFAR, formats=(kind,),
-                                             fold_batch_norms=fold, verbose=False)
+            path = export.export_saved_model(
+                network, directory, CLASS_NAMES, CIFAR, formats=(kind,), fold_batch_norms=fold, verbose=False
+            )
             seconds = time.perf_counter() - started
             onnx_file = os.path.join(path, contract.onnx_file("predict_normalized"))
-            megabytes = export.directory_megabytes(path) if kind == "saved_model" else os.path.getsize(onnx_file) / 2**20
+            megabytes = (
+                export.directory_megabytes(path) if kind == "saved_model" else os.path.getsize(onnx_file) / 2**20
+            )
             results[kind, label] = (seconds, megabytes, path)
     return results
 
@@ -75,7 +78,8 @@ def runners(network, exported):
     for label in FOLDINGS:
         session = onnxruntime.InferenceSession(
             os.path.join(exported["onnx", label][2], contract.onnx_file("predict_normalized")),
-            providers=["CPUExecutionProvider"])
+            providers=["CPUExecutionProvider"],
+        )
         functions[f"onnxruntime{label}"] = lambda batch, session=session: session.run(["logits"], {"normalized": batch})
     return functions
 
@@ -113,24 +117,38 @@ def main():
         keras_preact.analysis.set_batch_norm_statistics(network, normalized)
         with tempfile.TemporaryDirectory() as directory:
             exported = exports(network, os.path.join(directory, name))
-            print(f"{name} export: " + ", ".join(
-                f"{kind}{label} {seconds:.1f} s {megabytes:.1f} MB"
-                for (kind, label), (seconds, megabytes, _) in exported.items()), flush=True)
+            print(
+                f"{name} export: "
+                + ", ".join(
+                    f"{kind}{label} {seconds:.1f} s {megabytes:.1f} MB"
+                    for (kind, label), (seconds, megabytes, _) in exported.items()
+                ),
+                flush=True,
+            )
             functions = runners(network, exported)
             for batch_size in arguments.batches:
                 rates = {}
                 for runtime in ("Keras", "SavedModel", "onnxruntime"):
-                    rates.update(images_per_second({f"{runtime}{label}": functions[f"{runtime}{label}"]
-                                                    for label in FOLDINGS}, normalized[:batch_size], arguments.rounds))
+                    rates.update(
+                        images_per_second(
+                            {f"{runtime}{label}": functions[f"{runtime}{label}"] for label in FOLDINGS},
+                            normalized[:batch_size],
+                            arguments.rounds,
+                        )
+                    )
                 rows.append((name, batch_size, rates))
-                print(f"{name} batch {batch_size}: " + ", ".join(f"{key} {value:.1f}" for key, value in rates.items()),
-                      flush=True)
+                print(
+                    f"{name} batch {batch_size}: " + ", ".join(f"{key} {value:.1f}" for key, value in rates.items()),
+                    flush=True,
+                )
     print("\nimages/s (median of interleaved rounds); in brackets: folded / not folded")
     print("| model | batch | Keras | SavedModel | onnxruntime |")
     print("|---|---|---|---|---|")
     for name, batch_size, rates in rows:
-        cells = [f"{rates[kind]:.1f} -> {rates[kind + ' folded']:.1f} ({rates[kind + ' folded'] / rates[kind]:.2f}x)"
-                 for kind in ("Keras", "SavedModel", "onnxruntime")]
+        cells = [
+            f"{rates[kind]:.1f} -> {rates[kind + ' folded']:.1f} ({rates[kind + ' folded'] / rates[kind]:.2f}x)"
+            for kind in ("Keras", "SavedModel", "onnxruntime")
+        ]
         print(f"| {name} | {batch_size} | " + " | ".join(cells) + " |")
 
 

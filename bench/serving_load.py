@@ -65,8 +65,10 @@ IMAGES = 64  # different JPEGs the clients cycle through
 
 def jpeg_bodies():
     pixels = np.random.default_rng(7).integers(0, 256, size=(IMAGES, *CIFAR.shape), dtype=np.uint8)
-    return [json.dumps({"instances": [{"b64": base64.b64encode(tf.io.encode_jpeg(image).numpy()).decode()}]}).encode()
-            for image in pixels]
+    return [
+        json.dumps({"instances": [{"b64": base64.b64encode(tf.io.encode_jpeg(image).numpy()).decode()}]}).encode()
+        for image in pixels
+    ]
 
 
 class Served:
@@ -82,10 +84,13 @@ class Served:
         for name, folder in (("keras_preact", "keras_preact"), ("keras_preact_training", "training")):
             os.symlink(os.path.join(os.path.abspath(source), folder), os.path.join(packages, name))
         started = time.perf_counter()
-        self.process = subprocess.Popen([sys.executable, "-m", "keras_preact_training", "serve", model_dir, "--port",
-                                         str(self.port), *options],
-                                        env=dict(os.environ, PYTHONPATH=packages), stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "keras_preact_training", "serve", model_dir, "--port", str(self.port), *options],
+            env=dict(os.environ, PYTHONPATH=packages),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         line = self.process.stdout.readline()
         if not line.startswith("Serving"):
             raise RuntimeError(f"the server did not start: {line!r}")
@@ -124,6 +129,7 @@ def post(connection, path, body):
 
 def load(served, bodies, expected, clients, requests):
     """Every client on its own connection; failures counted, never raised."""
+
     def client(worker):
         connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)
         figures = dict(latencies=[], failures=0, unavailable=0, wrong=0)
@@ -151,11 +157,14 @@ def load(served, bodies, expected, clients, requests):
         results = list(pool.map(client, range(clients)))
     seconds = time.perf_counter() - started
     latencies = np.concatenate([result["latencies"] for result in results])
-    return dict(rate=len(latencies) / seconds, p50=np.percentile(latencies, 50) if len(latencies) else float("nan"),
-                p95=np.percentile(latencies, 95) if len(latencies) else float("nan"),
-                failures=sum(result["failures"] for result in results),
-                unavailable=sum(result["unavailable"] for result in results),
-                wrong=sum(result["wrong"] for result in results))
+    return dict(
+        rate=len(latencies) / seconds,
+        p50=np.percentile(latencies, 50) if len(latencies) else float("nan"),
+        p95=np.percentile(latencies, 95) if len(latencies) else float("nan"),
+        failures=sum(result["failures"] for result in results),
+        unavailable=sum(result["unavailable"] for result in results),
+        wrong=sum(result["wrong"] for result in results),
+    )
 
 
 def half_open(served, bodies, expected):
@@ -239,18 +248,30 @@ def main():
     parser.add_argument("--clients", nargs="+", type=int, default=[8, 64])
     parser.add_argument("--requests", type=int, default=50, help="requests per client")
     parser.add_argument("--attacks", action="store_true", help="half-open connections, an image bomb, memory")
-    parser.add_argument("--source", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        help="the checkout whose server runs (default: this one)")
+    parser.add_argument(
+        "--source",
+        default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        help="the checkout whose server runs (default: this one)",
+    )
     parser.add_argument("--server-options", default="", help="more options of `serve`, e.g. '--no-batching'")
-    parser.add_argument("--runtimes", nargs="+", default=["auto"], choices=["auto", "tensorflow", "onnxruntime"],
-                        help="serve each model with each of these runtimes in turn (default: serve's own choice)")
+    parser.add_argument(
+        "--runtimes",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "tensorflow", "onnxruntime"],
+        help="serve each model with each of these runtimes in turn (default: serve's own choice)",
+    )
     parser.add_argument("--no-fold", dest="fold", action="store_false", help="export without folding BatchNorm")
     arguments = parser.parse_args()
-    print(f"machine: {machine()}; server code: {arguments.source} {arguments.server_options}; "
-          f"BatchNorm {'folded' if arguments.fold else 'not folded'}")
+    print(
+        f"machine: {machine()}; server code: {arguments.source} {arguments.server_options}; "
+        f"BatchNorm {'folded' if arguments.fold else 'not folded'}"
+    )
     bodies = jpeg_bodies()
-    print("| model | runtime | first answer s | clients x requests | requests/s | p50 ms | p95 ms | resets/failures | "
-          "503 | wrong | resident MB after |")
+    print(
+        "| model | runtime | first answer s | clients x requests | requests/s | p50 ms | p95 ms | resets/failures | "
+        "503 | wrong | resident MB after |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as directory:
         for index, name in enumerate(arguments.models):
@@ -270,36 +291,56 @@ def serve_model(name, runtime, attacks, model_dir, bodies, arguments):
         warm = served.resident_megabytes()
         for clients in arguments.clients:
             figures = load(served, bodies, expected, clients, arguments.requests)
-            print(f"| {name} | {served.runtime} | {served.first_answer:.2f} | {clients} x {arguments.requests} | "
-                  f"{figures['rate']:.1f} | {1000 * figures['p50']:.0f} | {1000 * figures['p95']:.0f} | "
-                  f"{figures['failures']} | {figures['unavailable']} | {figures['wrong']} | "
-                  f"{served.resident_megabytes():.0f} |", flush=True)
+            print(
+                f"| {name} | {served.runtime} | {served.first_answer:.2f} | {clients} x {arguments.requests} | "
+                f"{figures['rate']:.1f} | {1000 * figures['p50']:.0f} | {1000 * figures['p95']:.0f} | "
+                f"{figures['failures']} | {figures['unavailable']} | {figures['wrong']} | "
+                f"{served.resident_megabytes():.0f} |",
+                flush=True,
+            )
         if served.runtime == "onnxruntime":
             resident = served.resident_megabytes()
-            print(f"{name}: onnxruntime targets: first answer {served.first_answer:.2f} s (<= {FIRST_ANSWER_SECONDS:g} "
-                  f"s: {'met' if served.first_answer <= FIRST_ANSWER_SECONDS else 'missed'}); resident after the load "
-                  f"{resident:.0f} MB (<= {RESIDENT_MEGABYTES} MB for resnet56: "
-                  f"{'met' if resident <= RESIDENT_MEGABYTES else 'missed'})", flush=True)
+            print(
+                f"{name}: onnxruntime targets: first answer {served.first_answer:.2f} s (<= {FIRST_ANSWER_SECONDS:g} "
+                f"s: {'met' if served.first_answer <= FIRST_ANSWER_SECONDS else 'missed'}); resident after the load "
+                f"{resident:.0f} MB (<= {RESIDENT_MEGABYTES} MB for resnet56: "
+                f"{'met' if resident <= RESIDENT_MEGABYTES else 'missed'})",
+                flush=True,
+            )
         if attacks:
             normal, closed = half_open(served, bodies, expected)
-            print(f"{name}: {HALF_OPEN_CONNECTIONS} half-open connections held: 8 clients x 20 requests "
-                  f"p95 {1000 * normal['p95']:.0f} ms, {normal['failures']} failures; {closed} of "
-                  f"{HALF_OPEN_CONNECTIONS} closed by the server 15 s later", flush=True)
+            print(
+                f"{name}: {HALF_OPEN_CONNECTIONS} half-open connections held: 8 clients x 20 requests "
+                f"p95 {1000 * normal['p95']:.0f} ms, {normal['failures']} failures; {closed} of "
+                f"{HALF_OPEN_CONNECTIONS} closed by the server 15 s later",
+                flush=True,
+            )
             connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
             status, answer, seconds = post(connection, served.path, bomb())
             connection.close()
-            print(f"{name}: image bomb (20000 x 20000 PNG): HTTP {status} in {1000 * seconds:.0f} ms: "
-                  f"{str(answer)[:120]}", flush=True)
+            print(
+                f"{name}: image bomb (20000 x 20000 PNG): HTTP {status} in {1000 * seconds:.0f} ms: "
+                f"{str(answer)[:120]}",
+                flush=True,
+            )
             connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
             status, answer, seconds = post(connection, served.path, gif_bombs())
             connection.close()
-            print(f"{name}: 8 animated GIFs (64 x 64, then 16 frames of 4096 x 4096): HTTP {status} in "
-                  f"{1000 * seconds:.0f} ms", flush=True)
+            print(
+                f"{name}: 8 animated GIFs (64 x 64, then 16 frames of 4096 x 4096): HTTP {status} in "
+                f"{1000 * seconds:.0f} ms",
+                flush=True,
+            )
             statuses, seconds, slowest = large_bodies(served)
-            print(f"{name}: four 57 MB bodies of 15 million numbers at once: HTTP {statuses} in {seconds:.2f} s; "
-                  f"the probe's slowest answer meanwhile {1000 * slowest:.0f} ms", flush=True)
-            print(f"{name}: resident memory warm {warm:.0f} MB, after the attacks "
-                  f"{served.resident_megabytes():.0f} MB", flush=True)
+            print(
+                f"{name}: four 57 MB bodies of 15 million numbers at once: HTTP {statuses} in {seconds:.2f} s; "
+                f"the probe's slowest answer meanwhile {1000 * slowest:.0f} ms",
+                flush=True,
+            )
+            print(
+                f"{name}: resident memory warm {warm:.0f} MB, after the attacks {served.resident_megabytes():.0f} MB",
+                flush=True,
+            )
     finally:
         served.close()
 

@@ -40,14 +40,23 @@ def graph_parts(model, batch):
     parts = collections.Counter()
     for operation in graph.get_operations():
         if operation.type == "Conv2D":
-            parts[("convolution", tuple(operation.inputs[0].shape), tuple(operation.inputs[1].shape),
-                   tuple(operation.get_attr("strides")), operation.get_attr("padding").decode())] += 1
+            parts[
+                (
+                    "convolution",
+                    tuple(operation.inputs[0].shape),
+                    tuple(operation.inputs[1].shape),
+                    tuple(operation.get_attr("strides")),
+                    operation.get_attr("padding").decode(),
+                )
+            ] += 1
         elif operation.type == "FusedBatchNormV3":
             followed_by_relu = any(consumer.type == "Relu" for consumer in operation.outputs[0].consumers())
             parts[("batch_norm", tuple(operation.inputs[0].shape), followed_by_relu)] += 1
     if not parts:
-        raise SystemExit(f"{model.name}: no Conv2D or FusedBatchNormV3 in its graph (TensorFlow's fused BatchNorm "
-                         "is what this benchmark reads; units as loops are not entered)")
+        raise SystemExit(
+            f"{model.name}: no Conv2D or FusedBatchNormV3 in its graph (TensorFlow's fused BatchNorm "
+            "is what this benchmark reads; units as loops are not entered)"
+        )
     return parts
 
 
@@ -119,8 +128,10 @@ def main():
     model = keras_preact.get_model(arguments.model, scan_units=False, classifier_activation=None)
     parts = graph_parts(model, arguments.batch)
     matmul_rate = matmul_flops_per_second()
-    print(f"machine: {machine()}; float32 matmul {matmul_rate / 1e9:.0f} GFLOP/s; {arguments.model}, "
-          f"batch {arguments.batch}")
+    print(
+        f"machine: {machine()}; float32 matmul {matmul_rate / 1e9:.0f} GFLOP/s; {arguments.model}, "
+        f"batch {arguments.batch}"
+    )
     print("| part | input | count | ms each, forward and gradients | s per step | rate |")
     print("|---|---|---|---|---|---|")
     totals = collections.Counter()
@@ -137,8 +148,10 @@ def main():
             label = "BatchNorm and ReLU" if part[2] else "BatchNorm"
             moved = BATCH_NORM_PASSES * BYTES_PER_FLOAT32 * math.prod(part[1])
             rate = f"{moved / seconds / 1e9:.0f} GB/s"
-        print(f"| {label} | {'x'.join(map(str, part[1]))} | {count} | {seconds * 1e3:.1f} | {seconds * count:.3f} "
-              f"| {rate} |")
+        print(
+            f"| {label} | {'x'.join(map(str, part[1]))} | {count} | {seconds * 1e3:.1f} | {seconds * count:.3f} "
+            f"| {rate} |"
+        )
 
     train_step, _ = random_batch_training(model, arguments.batch)
     train_step().numpy()
@@ -149,14 +162,21 @@ def main():
         step_seconds.append(time.perf_counter() - started)
     step = statistics.median(step_seconds)
     convolutions, batch_norms = totals["convolution"], totals["batch_norm"]
-    print(f"training step {step:.3f} s (median of {arguments.repeats}); its convolutions alone {convolutions:.3f} s "
-          f"({convolutions / step:.0%}), its BatchNorms alone {batch_norms:.3f} s ({batch_norms / step:.0%}), "
-          f"the rest {step - convolutions - batch_norms:.3f} s")
-    network_flops = sum(TRAINING_FLOPS_PER_FORWARD * convolution_flops(part) * count
-                        for part, count in parts.items() if part[0] == "convolution")
-    print(f"of the matmul peak: the step {network_flops / step / matmul_rate:.0%}; with nothing but its convolutions "
-          f"{network_flops / convolutions / matmul_rate:.0%}; with its convolutions and BatchNorms "
-          f"{network_flops / (convolutions + batch_norms) / matmul_rate:.0%}")
+    print(
+        f"training step {step:.3f} s (median of {arguments.repeats}); its convolutions alone {convolutions:.3f} s "
+        f"({convolutions / step:.0%}), its BatchNorms alone {batch_norms:.3f} s ({batch_norms / step:.0%}), "
+        f"the rest {step - convolutions - batch_norms:.3f} s"
+    )
+    network_flops = sum(
+        TRAINING_FLOPS_PER_FORWARD * convolution_flops(part) * count
+        for part, count in parts.items()
+        if part[0] == "convolution"
+    )
+    print(
+        f"of the matmul peak: the step {network_flops / step / matmul_rate:.0%}; with nothing but its convolutions "
+        f"{network_flops / convolutions / matmul_rate:.0%}; with its convolutions and BatchNorms "
+        f"{network_flops / (convolutions + batch_norms) / matmul_rate:.0%}"
+    )
 
 
 if __name__ == "__main__":

@@ -59,12 +59,17 @@ class PreActivationResNet(nn.Module):
     def __init__(self, stem, units_per_stage, widths, stride_on, classes):
         super().__init__()
         if stem == "cifar":
-            self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16, **BATCH_NORM),
-                                      nn.ReLU())
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16, **BATCH_NORM), nn.ReLU()
+            )
             channels = 16
         else:
-            self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, padding=3, bias=False), nn.BatchNorm2d(64, **BATCH_NORM),
-                                      nn.ReLU(), nn.MaxPool2d(3, 2, padding=1))
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, 64, 7, 2, padding=3, bias=False),
+                nn.BatchNorm2d(64, **BATCH_NORM),
+                nn.ReLU(),
+                nn.MaxPool2d(3, 2, padding=1),
+            )
             channels = 64
         units = []
         for stage, (count, width) in enumerate(zip(units_per_stage, widths), start=1):
@@ -74,8 +79,9 @@ class PreActivationResNet(nn.Module):
                 units.append(PreActivationBottleneck(channels, width, stride, stride_on, preactivation))
                 channels = 4 * width
         self.units = nn.Sequential(*units)
-        self.final = nn.Sequential(nn.BatchNorm2d(channels, **BATCH_NORM), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                                   nn.Flatten())
+        self.final = nn.Sequential(
+            nn.BatchNorm2d(channels, **BATCH_NORM), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()
+        )
         self.classifier = nn.Linear(channels, classes)
 
     def forward(self, x):
@@ -121,11 +127,19 @@ def measure(name, steps):
             started = time.perf_counter()
             model(images)
             inference_seconds.append(time.perf_counter() - started)
-    return dict(name=f"torch_{name}", batch=batch, image_size=size, build_s=build_seconds, first_step_s=first_step,
-                train_images_per_s=batch / statistics.median(step_seconds),
-                inference_images_per_s=batch / statistics.median(inference_seconds), parameters=parameters,
-                peak_gib=peak_resident_gibibytes(),
-                torch=torch.__version__, threads=torch.get_num_threads())
+    return dict(
+        name=f"torch_{name}",
+        batch=batch,
+        image_size=size,
+        build_s=build_seconds,
+        first_step_s=first_step,
+        train_images_per_s=batch / statistics.median(step_seconds),
+        inference_images_per_s=batch / statistics.median(inference_seconds),
+        parameters=parameters,
+        peak_gib=peak_resident_gibibytes(),
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+    )
 
 
 def main():

@@ -101,14 +101,17 @@ def main():
     mean = torch.tensor(CONFIG.normalization_mean, device=device)[:, None, None]
     std = torch.tensor(CONFIG.normalization_std, device=device)[:, None, None]
     with np.load(arguments.arrays) as saved:
+
         def tensor(name):
             return torch.from_numpy(saved[name]).to(device)
+
         train_images = (tensor("train_images").permute(0, 3, 1, 2).float() - mean) / std
         test_images = (tensor("test_images").permute(0, 3, 1, 2).float() - mean) / std
         train_labels, test_labels = tensor("train_labels").long(), tensor("test_labels").long()
     model = ResNet().to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=CONFIG.learning_rate, momentum=CONFIG.momentum,
-                                weight_decay=CONFIG.weight_decay)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=CONFIG.learning_rate, momentum=CONFIG.momentum, weight_decay=CONFIG.weight_decay
+    )
     batch_size = CONFIG.batch_size
     steps_per_epoch = -(-len(train_images) // batch_size)
     warmup_steps, total_steps = round(CONFIG.warmup * steps_per_epoch), arguments.epochs * steps_per_epoch
@@ -118,7 +121,7 @@ def main():
         order = torch.randperm(len(train_images), generator=generator, device=device)
         correct = 0
         for first in range(0, len(order), batch_size):
-            batch = order[first:first + batch_size]
+            batch = order[first : first + batch_size]
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, warmup_steps, total_steps)
             logits = model(augment(train_images[batch], generator))
@@ -131,14 +134,23 @@ def main():
         print(f"epoch {epoch + 1}: loss {loss.item():.4f}, accuracy {correct / len(order):.4f}", flush=True)
     model.eval()
     with torch.no_grad():
+
         def error(images, labels):
-            predictions = torch.cat([model(images[first:first + 1000]).argmax(1)
-                                     for first in range(0, len(images), 1000)])
+            predictions = torch.cat(
+                [model(images[first : first + 1000]).argmax(1) for first in range(0, len(images), 1000)]
+            )
             return round(100 * (predictions != labels).float().mean().item(), 2)
-        result = dict(model="torch resnet20 (original, option A)", epochs=arguments.epochs, seed=arguments.seed,
-                      test_error=error(test_images, test_labels), train_error=error(train_images, train_labels),
-                      training_seconds=round(time.perf_counter() - started, 1),
-                      device=torch.cuda.get_device_name() if device == "cuda" else "CPU", torch=torch.__version__)
+
+        result = dict(
+            model="torch resnet20 (original, option A)",
+            epochs=arguments.epochs,
+            seed=arguments.seed,
+            test_error=error(test_images, test_labels),
+            train_error=error(train_images, train_labels),
+            training_seconds=round(time.perf_counter() - started, 1),
+            device=torch.cuda.get_device_name() if device == "cuda" else "CPU",
+            torch=torch.__version__,
+        )
     print(f"final-epoch test error {result['test_error']:.2f} % (training images: {result['train_error']:.2f} %)")
     if arguments.output:
         with open(arguments.output, "a") as output:

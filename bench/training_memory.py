@@ -35,10 +35,15 @@ def measure(model_name, batch_size, rematerialize, steps):
     for _ in range(steps - 1):
         step().numpy()
     step_seconds = (time.perf_counter() - started) / max(steps - 1, 1)
-    return dict(model=model_name, batch_size=batch_size, rematerialize=rematerialize,
-                build_s=round(build_seconds, 1), first_step_s=round(first_step_seconds, 1),
-                step_s=round(step_seconds, 2) if steps > 1 else None,
-                peak_gib=round(peak_resident_gibibytes(), 2))
+    return dict(
+        model=model_name,
+        batch_size=batch_size,
+        rematerialize=rematerialize,
+        build_s=round(build_seconds, 1),
+        first_step_s=round(first_step_seconds, 1),
+        step_s=round(step_seconds, 2) if steps > 1 else None,
+        peak_gib=round(peak_resident_gibibytes(), 2),
+    )
 
 
 def main():
@@ -50,26 +55,46 @@ def main():
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child process
     arguments = parser.parse_args()
     if arguments.one:
-        print(json.dumps(measure(arguments.model, arguments.batch_size, arguments.rematerialize == "on",
-                                 arguments.steps)))
+        print(
+            json.dumps(measure(arguments.model, arguments.batch_size, arguments.rematerialize == "on", arguments.steps))
+        )
         return
     from training_throughput import machine
 
     print(f"machine: {machine()}")
     print("| model | batch | rematerialize | peak memory GiB | build s | first step s | later step s |")
     print("|---|---|---|---|---|---|---|")
-    for setting in (["off", "on"] if arguments.rematerialize == "both" else [arguments.rematerialize]):
+    for setting in ["off", "on"] if arguments.rematerialize == "both" else [arguments.rematerialize]:
         result = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--one", "--model", arguments.model, "--batch-size",
-             str(arguments.batch_size), "--steps", str(arguments.steps), "--rematerialize", setting],
-            capture_output=True, text=True)
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--one",
+                "--model",
+                arguments.model,
+                "--batch-size",
+                str(arguments.batch_size),
+                "--steps",
+                str(arguments.steps),
+                "--rematerialize",
+                setting,
+            ],
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
-            print(f"| {arguments.model} | {arguments.batch_size} | {setting} | failed: "
-                  f"{(result.stderr.strip().splitlines() or ['killed'])[-1][:120]} | | | |", flush=True)
+            print(
+                f"| {arguments.model} | {arguments.batch_size} | {setting} | failed: "
+                f"{(result.stderr.strip().splitlines() or ['killed'])[-1][:120]} | | | |",
+                flush=True,
+            )
             continue
         row = json.loads(result.stdout.strip().splitlines()[-1])
-        print(f"| {row['model']} | {row['batch_size']} | {setting} | {row['peak_gib']} | {row['build_s']} | "
-              f"{row['first_step_s']} | {row['step_s']} |", flush=True)
+        print(
+            f"| {row['model']} | {row['batch_size']} | {setting} | {row['peak_gib']} | {row['build_s']} | "
+            f"{row['first_step_s']} | {row['step_s']} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

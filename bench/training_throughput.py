@@ -29,8 +29,10 @@ from keras_preact_training import configs, engines, loop  # noqa: E402
 
 
 def machine():
-    return (f"{processor()}, {os.cpu_count()} cores, Keras {keras.__version__} on {keras.backend.backend()}, "
-            f"TensorFlow {tf.__version__}, Python {platform.python_version()}")
+    return (
+        f"{processor()}, {os.cpu_count()} cores, Keras {keras.__version__} on {keras.backend.backend()}, "
+        f"TensorFlow {tf.__version__}, Python {platform.python_version()}"
+    )
 
 
 def pipeline_images_per_second(config, batches):
@@ -41,17 +43,28 @@ def pipeline_images_per_second(config, batches):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", required=True, help="CIFAR-10 as an image folder (train/, test/)")
-    parser.add_argument("--config", default="cifar10_paper", choices=sorted(configs.CONFIGS),
-                        help="the recipe whose training step is timed (default: the paper's)")
+    parser.add_argument(
+        "--config",
+        default="cifar10_paper",
+        choices=sorted(configs.CONFIGS),
+        help="the recipe whose training step is timed (default: the paper's)",
+    )
     parser.add_argument("--models", nargs="+", default=["resnet20", "resnet110", "resnet164"])
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--window", type=int, default=4, help="steps per timing window")
     parser.add_argument("--windows", type=int, default=3)
     arguments = parser.parse_args()
     config = configs.CONFIGS[arguments.config].override(
-        "dataset=folder", f"data_dir={arguments.data_dir}", f"batch_size={arguments.batch_size}",
-        "test_examples=500", "schedule_unit=steps", f"reference_batch_size={arguments.batch_size}",
-        f"log_every={arguments.window}", "evaluate_every=100000", "checkpoint_every=100000", "warmup=0",
+        "dataset=folder",
+        f"data_dir={arguments.data_dir}",
+        f"batch_size={arguments.batch_size}",
+        "test_examples=500",
+        "schedule_unit=steps",
+        f"reference_batch_size={arguments.batch_size}",
+        f"log_every={arguments.window}",
+        "evaluate_every=100000",
+        "checkpoint_every=100000",
+        "warmup=0",
         f"duration={arguments.window * (arguments.windows + 1)}",
     )
     engines.configure(config)  # the recipe's precision, as `keras-preact train` sets it

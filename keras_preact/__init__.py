@@ -15,21 +15,58 @@ from keras_preact import quiet_tensorflow
 # keras_preact, or a light module such as `keras_preact.defaults`, imports neither Keras nor
 # its backend until a layer or network is asked for (`keras-preact --help` answers at
 # once).
-_SUBMODULES = ("analysis", "architectures", "blocks", "defaults", "folding", "layouts", "merges", "models",
-               "pretrained", "quiet_tensorflow", "shortcuts", "stacked", "units", "walks")
+_SUBMODULES = (
+    "analysis",
+    "architectures",
+    "blocks",
+    "defaults",
+    "folding",
+    "layouts",
+    "merges",
+    "models",
+    "pretrained",
+    "quiet_tensorflow",
+    "shortcuts",
+    "stacked",
+    "units",
+    "walks",
+)
 _NAMES = {
     "architectures": ("ARCHITECTURES", "Architecture"),
     "folding": ("fold_batch_norms",),
-    "merges": ("Addition", "ConstantScaling", "ExclusiveGating", "NoShortcut", "ShortcutDropout",
-               "ShortcutOnlyGating"),
-    "models": ("MODELS", "CifarResNet", "ResNet", "ResNet18", "ResNet20", "ResNet32", "ResNet34", "ResNet44",
-               "ResNet50", "ResNet56", "ResNet101", "ResNet110", "ResNet110OneLayer", "ResNet152", "ResNet164",
-               "ResNet200", "ResNet1001", "ResNet1202", "get_model", "list_models"),
+    "merges": ("Addition", "ConstantScaling", "ExclusiveGating", "NoShortcut", "ShortcutDropout", "ShortcutOnlyGating"),
+    "models": (
+        "MODELS",
+        "CifarResNet",
+        "ResNet",
+        "ResNet18",
+        "ResNet20",
+        "ResNet32",
+        "ResNet34",
+        "ResNet44",
+        "ResNet50",
+        "ResNet56",
+        "ResNet101",
+        "ResNet110",
+        "ResNet110OneLayer",
+        "ResNet152",
+        "ResNet164",
+        "ResNet200",
+        "ResNet1001",
+        "ResNet1202",
+        "get_model",
+        "list_models",
+    ),
     "layouts": ("copy_weights", "separate_units"),
     "pretrained": ("decode_predictions", "preprocess_input"),
     "stacked": ("StackedUnits",),
-    "units": ("BatchNormAfterAdditionUnit", "OriginalUnit", "PreActivationUnit", "ReLUBeforeAdditionUnit",
-              "ReLUOnlyPreActivationUnit"),
+    "units": (
+        "BatchNormAfterAdditionUnit",
+        "OriginalUnit",
+        "PreActivationUnit",
+        "ReLUBeforeAdditionUnit",
+        "ReLUOnlyPreActivationUnit",
+    ),
 }
 _MODULE_OF = {name: module for module, names in _NAMES.items() for name in names}
 

@@ -125,16 +125,23 @@ def propagation(
         with keras.StatelessScope():
             shortcut, residual = _Branches(unit)(unit_input, training=True)
         unit_weight_gradients = [gradient_of[id(variable)] for variable in unit.trainable_variables]
-        statistics.append(UnitStatistics(
-            name=unit.name,
-            output_norm=_norm(unit_output),
-            shortcut_norm=_norm(shortcut),
-            residual_norm=_norm(residual),
-            input_gradient_norm=_norm(input_gradient),
-            # A weight the loss does not reach (a plain unit's unused projection) has no gradient.
-            weight_gradient_norm=math.sqrt(sum(float(np.sum(np.square(keras.ops.convert_to_numpy(g))))
-                                               for g in unit_weight_gradients if g is not None)),
-        ))
+        statistics.append(
+            UnitStatistics(
+                name=unit.name,
+                output_norm=_norm(unit_output),
+                shortcut_norm=_norm(shortcut),
+                residual_norm=_norm(residual),
+                input_gradient_norm=_norm(input_gradient),
+                # A weight the loss does not reach (a plain unit's unused projection) has no gradient.
+                weight_gradient_norm=math.sqrt(
+                    sum(
+                        float(np.sum(np.square(keras.ops.convert_to_numpy(g))))
+                        for g in unit_weight_gradients
+                        if g is not None
+                    )
+                ),
+            )
+        )
     return statistics
 
 
@@ -177,9 +184,7 @@ def identity_mapping(
     )
 
 
-def shortcut_gains(
-    units: Sequence[unit_layers.ResidualUnit], inputs: ArrayLike, training: bool = True
-) -> list[float]:
+def shortcut_gains(units: Sequence[unit_layers.ResidualUnit], inputs: ArrayLike, training: bool = True) -> list[float]:
     """Eqn. 8's direct term, measured: ||dE/dx_l|| / ||dE/dx_L|| for every unit l of the
     stack, on copies of `units` with their residual branches zeroed (F = 0).
 
@@ -277,8 +282,9 @@ BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def _unsupported(backend):
-    return ValueError(f"keras_preact.analysis computes gradients on the {', '.join(BACKENDS)} backends. "
-                      f"Received: {backend}")
+    return ValueError(
+        f"keras_preact.analysis computes gradients on the {', '.join(BACKENDS)} backends. Received: {backend}"
+    )
 
 
 def _gradients(forward, variables, probes):
@@ -311,7 +317,7 @@ def _gradients(forward, variables, probes):
         with torch.enable_grad(), keras.StatelessScope():
             loss, inputs, outputs = forward(probes)
         gradients = torch.autograd.grad(loss, values + probes, allow_unused=True)
-        return (list(gradients[:len(values)]), list(gradients[len(values):])), (inputs, outputs)
+        return (list(gradients[: len(values)]), list(gradients[len(values) :])), (inputs, outputs)
     raise _unsupported(backend)
 
 
@@ -345,7 +351,8 @@ def _jacobian(function, inputs):
 
         # vectorize: all rows in one batched backward pass (torch.vmap), not one pass per row.
         with torch.enable_grad():
-            jacobian = torch.autograd.functional.jacobian(stateless, keras.ops.convert_to_tensor(inputs),
-                                                          vectorize=True)
+            jacobian = torch.autograd.functional.jacobian(
+                stateless, keras.ops.convert_to_tensor(inputs), vectorize=True
+            )
         return keras.ops.convert_to_numpy(jacobian).reshape(size, size)
     raise _unsupported(backend)

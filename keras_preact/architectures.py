@@ -118,7 +118,6 @@ def cifar_depth(depth, form="basic"):
     examples = ", ".join(str(layers_per_unit * n + 2) for n in (1, 2, 3))
     if not defaults.is_integer(depth) or depth < layers_per_unit + 2 or (depth - 2) % layers_per_unit:
         raise ValueError(
-            f"depth must be {layers_per_unit}n+2 for {form} networks ({examples}, ...). "
-            f"Received: depth={depth!r}"
+            f"depth must be {layers_per_unit}n+2 for {form} networks ({examples}, ...). Received: depth={depth!r}"
         )
     return cifar(form, (int(depth) - 2) // layers_per_unit)

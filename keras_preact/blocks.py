@@ -27,9 +27,7 @@ class SymmetricConv2D(keras.layers.Conv2D):
 
     def __init__(self, filters, kernel_size, strides=1, weight_decay=0.0, **kwargs):
         if not isinstance(kernel_size, int) or kernel_size % 2 != 1:
-            raise ValueError(
-                f"kernel_size must be an odd integer. Received: kernel_size={kernel_size!r}"
-            )
+            raise ValueError(f"kernel_size must be an odd integer. Received: kernel_size={kernel_size!r}")
         self.weight_decay = defaults.validate_weight_decay(weight_decay)
         self.explicit_padding = (kernel_size - 1) // 2 if strides > 1 else 0
         kwargs.pop("padding", None)
@@ -57,8 +55,14 @@ class SymmetricConv2D(keras.layers.Conv2D):
 
     def get_config(self):
         config = super().get_config()
-        for rebuilt in ("padding", "use_bias", "kernel_regularizer", "bias_initializer",
-                        "bias_regularizer", "bias_constraint"):
+        for rebuilt in (
+            "padding",
+            "use_bias",
+            "kernel_regularizer",
+            "bias_initializer",
+            "bias_regularizer",
+            "bias_constraint",
+        ):
             config.pop(rebuilt, None)
         config["kernel_size"] = self.kernel_size[0]
         config["strides"] = self.strides[0]
@@ -133,7 +137,8 @@ class BatchNorm(keras.layers.BatchNormalization):
             if fused and self.collector is None:
                 # The kernel updates the moving averages itself (five operations fewer per statistic).
                 outputs, moving_mean, moving_variance = _tensorflow_fused_batch_norm(
-                    inputs, gamma, beta, self.epsilon, self.moving_mean, self.moving_variance, 1.0 - self.momentum)
+                    inputs, gamma, beta, self.epsilon, self.moving_mean, self.moving_variance, 1.0 - self.momentum
+                )
                 self.moving_mean.assign(moving_mean)
                 self.moving_variance.assign(moving_variance)
                 return ops.cast(outputs, self.compute_dtype)
@@ -143,8 +148,9 @@ class BatchNorm(keras.layers.BatchNormalization):
                 rank = len(inputs.shape)
                 axes = [axis for axis in range(rank) if axis != self.axis % rank]  # every axis but the channels'
                 mean, variance = ops.moments(inputs, axes=axes, synchronized=self.synchronized)
-                outputs = ops.batch_normalization(inputs, mean, variance, axis=self.axis, offset=beta, scale=gamma,
-                                                  epsilon=self.epsilon)
+                outputs = ops.batch_normalization(
+                    inputs, mean, variance, axis=self.axis, offset=beta, scale=gamma, epsilon=self.epsilon
+                )
                 # Bessel's correction, as Torch and the fused kernel: n / (n - 1), 1 for n = 1.
                 count = ops.cast(ops.prod(ops.take(ops.shape(inputs), axes)), inputs.dtype)
                 if self.synchronized:
@@ -159,17 +165,23 @@ class BatchNorm(keras.layers.BatchNormalization):
             if fused:
                 outputs = _tensorflow_fused_batch_norm(inputs, gamma, beta, self.epsilon, mean, variance)
             else:
-                outputs = ops.batch_normalization(inputs, mean, variance, axis=self.axis, offset=beta, scale=gamma,
-                                                  epsilon=self.epsilon)
+                outputs = ops.batch_normalization(
+                    inputs, mean, variance, axis=self.axis, offset=beta, scale=gamma, epsilon=self.epsilon
+                )
         return ops.cast(outputs, self.compute_dtype)
 
     def runs_fused_kernel(self, inputs):
         """Whether a call on `inputs` (as normalized: float32, or float64 under float64) runs
         TensorFlow's fused kernel, which takes float32 only (float16 and bfloat16 inputs are
         normalized in float32)."""
-        return (self.fused and keras.backend.backend() == "tensorflow" and len(inputs.shape) == 4
-                and self.axis % 4 == 3 and not self.synchronized
-                and keras.backend.standardize_dtype(inputs.dtype) == "float32")
+        return (
+            self.fused
+            and keras.backend.backend() == "tensorflow"
+            and len(inputs.shape) == 4
+            and self.axis % 4 == 3
+            and not self.synchronized
+            and keras.backend.standardize_dtype(inputs.dtype) == "float32"
+        )
 
     def update_moving_statistics(self, mean, variance):
         """moving <- moving * momentum + batch * (1 - momentum), as Keras' training call."""
@@ -230,15 +242,25 @@ def _tensorflow_fused_batch_norm(inputs, gamma, beta, epsilon, mean=None, varian
     import tensorflow as tf
 
     if mean is None:
-        return tf.compat.v1.nn.fused_batch_norm(inputs, gamma, beta, epsilon=epsilon, data_format="NHWC",
-                                                is_training=True)
+        return tf.compat.v1.nn.fused_batch_norm(
+            inputs, gamma, beta, epsilon=epsilon, data_format="NHWC", is_training=True
+        )
     mean, variance = ops.cast(mean, "float32"), ops.cast(variance, "float32")
     if average_factor is not None:
-        return tf.compat.v1.nn.fused_batch_norm(inputs, gamma, beta, mean=mean, variance=variance, epsilon=epsilon,
-                                                data_format="NHWC", is_training=True,
-                                                exponential_avg_factor=average_factor)
-    outputs, _, _ = tf.compat.v1.nn.fused_batch_norm(inputs, gamma, beta, mean=mean, variance=variance,
-                                                     epsilon=epsilon, data_format="NHWC", is_training=False)
+        return tf.compat.v1.nn.fused_batch_norm(
+            inputs,
+            gamma,
+            beta,
+            mean=mean,
+            variance=variance,
+            epsilon=epsilon,
+            data_format="NHWC",
+            is_training=True,
+            exponential_avg_factor=average_factor,
+        )
+    outputs, _, _ = tf.compat.v1.nn.fused_batch_norm(
+        inputs, gamma, beta, mean=mean, variance=variance, epsilon=epsilon, data_format="NHWC", is_training=False
+    )
     return outputs
 
 

@@ -45,9 +45,7 @@ def conv_initializer():
     """
     import keras  # here: the constants import without Keras (see keras_preact/__init__.py)
 
-    return keras.initializers.VarianceScaling(
-        scale=2.0, mode="fan_out", distribution="untruncated_normal"
-    )
+    return keras.initializers.VarianceScaling(scale=2.0, mode="fan_out", distribution="untruncated_normal")
 
 
 def weight_regularizer(weight_decay):
@@ -80,7 +78,6 @@ def is_finite_number(value):
 def validate_weight_decay(weight_decay):
     if not is_finite_number(weight_decay) or weight_decay < 0:
         raise ValueError(
-            "weight_decay must be a number >= 0 (the paper uses 1e-4). "
-            f"Received: weight_decay={weight_decay!r}"
+            f"weight_decay must be a number >= 0 (the paper uses 1e-4). Received: weight_decay={weight_decay!r}"
         )
     return float(weight_decay)

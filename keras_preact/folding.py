@@ -53,8 +53,12 @@ def fold_batch_norms(model: keras.Model) -> keras.Model:
     pairs = folding_pairs(folded)
     for conv, norm, variable_of in pairs:
         kernel, bias = folded_weights(
-            variable_of(conv.kernel), variable_of(norm.gamma), variable_of(norm.beta),
-            variable_of(norm.moving_mean), variable_of(norm.moving_variance), norm.epsilon,
+            variable_of(conv.kernel),
+            variable_of(norm.gamma),
+            variable_of(norm.beta),
+            variable_of(norm.moving_mean),
+            variable_of(norm.moving_variance),
+            norm.epsilon,
         )
         variable_of(conv.kernel).assign(kernel)
         variable_of(norm.beta).assign(bias)
@@ -82,8 +86,11 @@ def folding_pairs(model):
     `StackedUnits`, the stacked variable of every unit)."""
     own = lambda variable: variable  # noqa: E731
     layers = walks.chain_layers(model)
-    pairs = [(conv, norm, own) for conv, norm in itertools.pairwise(layers)
-             if isinstance(conv, blocks.SymmetricConv2D) and isinstance(norm, blocks.BatchNorm)]
+    pairs = [
+        (conv, norm, own)
+        for conv, norm in itertools.pairwise(layers)
+        if isinstance(conv, blocks.SymmetricConv2D) and isinstance(norm, blocks.BatchNorm)
+    ]
     for layer in layers:
         if isinstance(layer, units.ResidualUnit):
             pairs += [(conv, norm, own) for conv, norm in layer.folding_pairs()]

@@ -44,7 +44,9 @@ def copy_weights(source: keras.Model, target: keras.Model) -> None:
     weights = {}
     for layer in source.layers:
         for index, name in enumerate(_unit_names(layer)):
-            weights[name] = layer.unit_weights(index) if isinstance(layer, stacked.StackedUnits) else layer.get_weights()
+            weights[name] = (
+                layer.unit_weights(index) if isinstance(layer, stacked.StackedUnits) else layer.get_weights()
+            )
     for layer in target.layers:
         if not layer.weights:  # inputs, pooling, ReLU: nothing to copy, whatever the source has
             continue

@@ -18,8 +18,10 @@ from keras_preact import architectures, blocks, defaults, layouts, merges, pretr
 POOLINGS = (None, "avg", "max")
 # `include_preprocessing`'s per-channel (mean, std) on the 0-255 scale, by stem: CIFAR-10's
 # for the CIFAR networks (the shipped weights'), ImageNet's for the ImageNet networks.
-PREPROCESSING = {"cifar": (defaults.CIFAR10_MEAN, defaults.CIFAR10_STD),
-                 "imagenet": (defaults.IMAGENET_MEAN, defaults.IMAGENET_STD)}
+PREPROCESSING = {
+    "cifar": (defaults.CIFAR10_MEAN, defaults.CIFAR10_STD),
+    "imagenet": (defaults.IMAGENET_MEAN, defaults.IMAGENET_STD),
+}
 
 
 def ResNet(
@@ -130,8 +132,10 @@ def ResNet(
     if not isinstance(rematerialize, bool):
         raise ValueError(f"rematerialize must be True or False. Received: rematerialize={rematerialize!r}")
     if scan_units is not None and not isinstance(scan_units, bool):
-        raise ValueError(f"scan_units must be True, False or None (loops for the deepest networks). "
-                         f"Received: scan_units={scan_units!r}")
+        raise ValueError(
+            f"scan_units must be True, False or None (loops for the deepest networks). "
+            f"Received: scan_units={scan_units!r}"
+        )
     if merge is not None and not isinstance(merge, merges.Merge):
         raise ValueError(f"merge must be a layer from keras_preact.merges or None. Received: merge={merge!r}")
     if scan_units is None:
@@ -143,25 +147,40 @@ def ResNet(
     classes = int(classes) if include_top else classes
     _check_weights(weights)
     if not isinstance(include_preprocessing, bool):
-        raise ValueError(f"include_preprocessing must be True or False. Received: "
-                         f"include_preprocessing={include_preprocessing!r}")
+        raise ValueError(
+            f"include_preprocessing must be True or False. Received: include_preprocessing={include_preprocessing!r}"
+        )
     inputs = _inputs(architecture, input_tensor, input_shape)
     if include_preprocessing and inputs.shape[-1] != 3:
-        raise ValueError("include_preprocessing normalises RGB images and needs 3 channels. Received: "
-                         f"input_shape={tuple(inputs.shape[1:])}")
+        raise ValueError(
+            "include_preprocessing normalises RGB images and needs 3 channels. Received: "
+            f"input_shape={tuple(inputs.shape[1:])}"
+        )
     unit_class = units.UNITS[unit]
     if downsample_shortcut is None:
         downsample_shortcut = "projection" if shortcut == "projection" else architecture.downsample_shortcut
     stride_on = stride_on or architecture.stride_on
-    default_name = (architecture_name or f"resnet{architecture.depth}") + ("" if unit == "preactivation" else f"_{unit}")
+    default_name = (architecture_name or f"resnet{architecture.depth}") + (
+        "" if unit == "preactivation" else f"_{unit}"
+    )
     shipped = None
     if isinstance(weights, str) and weights in pretrained.DATASETS:
         # Trained networks have the architecture's own shortcuts, strides and merge.
-        own = dict(shortcut="identity", merge=None, downsample_shortcut=architecture.downsample_shortcut,
-                   stride_on=architecture.stride_on)
+        own = dict(
+            shortcut="identity",
+            merge=None,
+            downsample_shortcut=architecture.downsample_shortcut,
+            stride_on=architecture.stride_on,
+        )
         chosen = dict(shortcut=shortcut, merge=merge, downsample_shortcut=downsample_shortcut, stride_on=stride_on)
-        shipped = pretrained.find(weights, default_name if architecture_name else None, classes, inputs.shape[1:],
-                                  include_top, {option: value for option, value in chosen.items() if value != own[option]})
+        shipped = pretrained.find(
+            weights,
+            default_name if architecture_name else None,
+            classes,
+            inputs.shape[1:],
+            include_top,
+            {option: value for option, value in chosen.items() if value != own[option]},
+        )
 
     x = inputs
     if include_preprocessing:
@@ -191,7 +210,10 @@ def ResNet(
             if stack:
                 # Units 2 to the last are the same function of different weights.
                 x = stacked.StackedUnits(
-                    residual_unit, unit_count - 1, rematerialize=rematerialize, name=layouts.stacked_name(stage, unit_count)
+                    residual_unit,
+                    unit_count - 1,
+                    rematerialize=rematerialize,
+                    name=layouts.stacked_name(stage, unit_count),
                 )(x)
                 break
             x = residual_unit(x)
@@ -217,17 +239,35 @@ def ResNet(
     model = keras.Model(model_inputs, x, name=name or default_name)
     if shipped is not None:
         # The file holds the whole network, units separate: load it as such, copy what this model has.
-        trained = ResNet(architecture, unit=unit, include_preprocessing=include_preprocessing, scan_units=False,
-                         classes=len(pretrained.DATASETS[weights]["classes"]), classifier_activation=classifier_activation)
+        trained = ResNet(
+            architecture,
+            unit=unit,
+            include_preprocessing=include_preprocessing,
+            scan_units=False,
+            classes=len(pretrained.DATASETS[weights]["classes"]),
+            classifier_activation=classifier_activation,
+        )
         load_weights_file(trained, pretrained.verified_file(shipped))
         layouts.copy_weights(trained, model)
     elif weights is not None:
         # The same network in the other layout, for a file saved from it.
         other_layout = functools.partial(
-            ResNet, architecture, unit=unit, shortcut=shortcut, merge=merge, downsample_shortcut=downsample_shortcut,
-            stride_on=stride_on, weight_decay=weight_decay, scan_units=not scan_units, include_top=include_top,
-            include_preprocessing=include_preprocessing, input_shape=tuple(inputs.shape[1:]), pooling=pooling,
-            classes=classes, classifier_activation=classifier_activation)
+            ResNet,
+            architecture,
+            unit=unit,
+            shortcut=shortcut,
+            merge=merge,
+            downsample_shortcut=downsample_shortcut,
+            stride_on=stride_on,
+            weight_decay=weight_decay,
+            scan_units=not scan_units,
+            include_top=include_top,
+            include_preprocessing=include_preprocessing,
+            input_shape=tuple(inputs.shape[1:]),
+            pooling=pooling,
+            classes=classes,
+            classifier_activation=classifier_activation,
+        )
         load_weights_file(model, weights, None if _has_unstackable_merge(merge) else other_layout)
     return model
 
@@ -273,8 +313,10 @@ def load_weights_file(model, path, other_layout=None):
         else:
             layouts.copy_weights(other, model)
             return
-    raise ValueError(f"Could not load the weights file {os.fspath(path)} into {model.name} (a truncated, "
-                     f"corrupt file, or one saved from another network): {failure}") from failure
+    raise ValueError(
+        f"Could not load the weights file {os.fspath(path)} into {model.name} (a truncated, "
+        f"corrupt file, or one saved from another network): {failure}"
+    ) from failure
 
 
 def _preactivation(stage, index):
@@ -382,7 +424,7 @@ def _named(architecture_name, description):
     def builder(**kwargs):
         return ResNet(architecture_name, **kwargs)
 
-    function_name = "ResNet" + architecture_name[len("resnet"):].replace("_1layer", "OneLayer")
+    function_name = "ResNet" + architecture_name[len("resnet") :].replace("_1layer", "OneLayer")
     builder.__name__ = builder.__qualname__ = function_name
     builder.architecture_name = architecture_name
     signature = inspect.signature(ResNet)
@@ -415,8 +457,23 @@ ResNet200 = _named("resnet200", "ResNet-200 for ImageNet: bottleneck units, stag
 
 # Every registered network: "<architecture>" with pre-activation units, the paper's
 # proposal, and "<architecture>_original" with the original units of [1].
-NAMED_BUILDERS = (ResNet20, ResNet32, ResNet44, ResNet56, ResNet110, ResNet110OneLayer, ResNet164,
-                  ResNet1001, ResNet1202, ResNet18, ResNet34, ResNet50, ResNet101, ResNet152, ResNet200)
+NAMED_BUILDERS = (
+    ResNet20,
+    ResNet32,
+    ResNet44,
+    ResNet56,
+    ResNet110,
+    ResNet110OneLayer,
+    ResNet164,
+    ResNet1001,
+    ResNet1202,
+    ResNet18,
+    ResNet34,
+    ResNet50,
+    ResNet101,
+    ResNet152,
+    ResNet200,
+)
 MODELS = {}
 for _builder in NAMED_BUILDERS:
     MODELS[_builder.architecture_name] = _builder

@@ -27,8 +27,9 @@ REGISTRY_FILE = os.path.join(WEIGHTS_DIRECTORY, "registry.json")
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 # The data sets of shipped weights: their classes, input shape and normalisation.
 DATASETS = {
-    "cifar10": dict(classes=CIFAR10_CLASSES, input_shape=(32, 32, 3), mean=defaults.CIFAR10_MEAN,
-                    std=defaults.CIFAR10_STD),
+    "cifar10": dict(
+        classes=CIFAR10_CLASSES, input_shape=(32, 32, 3), mean=defaults.CIFAR10_MEAN, std=defaults.CIFAR10_STD
+    ),
 }
 
 
@@ -52,15 +53,17 @@ def registry(path=None):
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise ValueError(f"The weights registry {path} is not valid JSON ({str(error)[:120]}): {remedy}.") from None
     if not isinstance(entries, dict):
-        raise ValueError(f"The weights registry {path} must map data sets to networks: {remedy}. "
-                         f"Received: {type(entries).__name__}")
+        raise ValueError(
+            f"The weights registry {path} must map data sets to networks: {remedy}. Received: {type(entries).__name__}"
+        )
     for dataset, networks in entries.items():
-        for model_name, entry in (networks.items() if isinstance(networks, dict) else [(None, networks)]):
+        for model_name, entry in networks.items() if isinstance(networks, dict) else [(None, networks)]:
             missing = [field for field in REGISTRY_FIELDS if not isinstance(entry, dict) or field not in entry]
             if missing:
                 where = dataset if model_name is None else f"{dataset}.{model_name}"
-                raise ValueError(f"The weights registry {path} is damaged: its entry {where} lacks "
-                                 f"{', '.join(missing)}: {remedy}.")
+                raise ValueError(
+                    f"The weights registry {path} is damaged: its entry {where} lacks {', '.join(missing)}: {remedy}."
+                )
     return entries
 
 
@@ -81,8 +84,10 @@ def find(dataset, model_name, classes, input_shape, include_top, other_options=N
             message lists those that have).
     """
     if dataset not in DATASETS:
-        raise ValueError(f"weights must be None, the path of a weights file, or one of {sorted(DATASETS)} for "
-                         f"trained weights. Received: weights={dataset!r}")
+        raise ValueError(
+            f"weights must be None, the path of a weights file, or one of {sorted(DATASETS)} for "
+            f"trained weights. Received: weights={dataset!r}"
+        )
     entries = registry().get(dataset, {})
     available = ", ".join(sorted(entries)) or "none yet"
     expected_shape = DATASETS[dataset]["input_shape"]
@@ -110,8 +115,10 @@ def verified_file(entry):
     """
     path = os.path.join(WEIGHTS_DIRECTORY, entry["file"])
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"The weights file {path} is missing from the installed package; reinstall "
-                                f"keras-preact. Expected SHA-256 {entry['sha256']}.")
+        raise FileNotFoundError(
+            f"The weights file {path} is missing from the installed package; reinstall "
+            f"keras-preact. Expected SHA-256 {entry['sha256']}."
+        )
     received = sha256(path)
     if received != entry["sha256"]:
         raise ValueError(
@@ -134,8 +141,10 @@ def preprocess_input(images: ArrayLike, dataset: str = "cifar10") -> keras.Keras
     """
     statistics = _dataset(dataset)
     if ops.shape(images)[-1] != len(statistics["mean"]):
-        raise ValueError(f"images must have {len(statistics['mean'])} channels, last. Received: images of shape "
-                         f"{tuple(ops.shape(images))}")
+        raise ValueError(
+            f"images must have {len(statistics['mean'])} channels, last. Received: images of shape "
+            f"{tuple(ops.shape(images))}"
+        )
     images = ops.cast(images, "float32")
     return (images - ops.array(statistics["mean"], "float32")) / ops.array(statistics["std"], "float32")
 
@@ -163,13 +172,16 @@ def decode_predictions(
     names = _dataset(dataset)["classes"]
     predictions = ops.convert_to_numpy(predictions)
     if predictions.ndim != 2 or predictions.shape[1] != len(names):
-        raise ValueError(f"predictions must be (images, {len(names)}) for {dataset}. Received: predictions of shape "
-                         f"{predictions.shape}")
+        raise ValueError(
+            f"predictions must be (images, {len(names)}) for {dataset}. Received: predictions of shape "
+            f"{predictions.shape}"
+        )
     if not isinstance(top, int) or isinstance(top, bool) or not 1 <= top <= len(names):
         raise ValueError(f"top must be an integer from 1 to {len(names)}. Received: top={top!r}")
     ranked = (-predictions).argsort(axis=1, kind="stable")[:, :top]
-    return [[(int(index), names[index], float(row[index])) for index in order]
-            for row, order in zip(predictions, ranked)]
+    return [
+        [(int(index), names[index], float(row[index])) for index in order] for row, order in zip(predictions, ranked)
+    ]
 
 
 def _dataset(dataset):

@@ -34,13 +34,16 @@ class Shortcut(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         batch, height, width, _ = input_shape
-        return (batch, blocks.strided_size(height, self.strides), blocks.strided_size(width, self.strides), self.output_channels)
+        return (
+            batch,
+            blocks.strided_size(height, self.strides),
+            blocks.strided_size(width, self.strides),
+            self.output_channels,
+        )
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            output_channels=self.output_channels, strides=self.strides, weight_decay=self.weight_decay
-        )
+        config.update(output_channels=self.output_channels, strides=self.strides, weight_decay=self.weight_decay)
         return config
 
 
@@ -95,11 +98,7 @@ class ProjectionShortcut(Shortcut):
         self.conv = blocks.SymmetricConv2D(
             output_channels, 1, strides, self.weight_decay, name="conv", dtype=self.dtype_policy
         )
-        self.norm = (
-            blocks.batch_norm(self.weight_decay, name="bn", dtype=self.dtype_policy)
-            if self.normalize
-            else None
-        )
+        self.norm = blocks.batch_norm(self.weight_decay, name="bn", dtype=self.dtype_policy) if self.normalize else None
 
     def build(self, input_shape):
         self.conv.build(input_shape)
@@ -131,6 +130,4 @@ def make_shortcut(kind, output_channels, strides, normalize_projection, weight_d
     if kind not in SHORTCUTS:
         raise ValueError(f"shortcut must be one of {sorted(SHORTCUTS)}. Received: shortcut={kind!r}")
     options = {"normalize": normalize_projection} if kind == "projection" else {}
-    return SHORTCUTS[kind](
-        output_channels, strides, weight_decay=weight_decay, name="shortcut", dtype=dtype, **options
-    )
+    return SHORTCUTS[kind](output_channels, strides, weight_decay=weight_decay, name="shortcut", dtype=dtype, **options)

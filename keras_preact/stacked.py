@@ -53,10 +53,7 @@ class StackedUnits(keras.layers.Layer):
     def __init__(self, unit: units_module.ResidualUnit, count: int, rematerialize: bool = False, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(unit, units_module.ResidualUnit) or unit.built:
-            raise ValueError(
-                "unit must be an unbuilt residual unit from keras_preact.units. "
-                f"Received: unit={unit!r}"
-            )
+            raise ValueError(f"unit must be an unbuilt residual unit from keras_preact.units. Received: unit={unit!r}")
         if unit.strides != 1 or unit.rematerialize:
             raise ValueError(
                 "unit must keep its input's shape (strides=1) and leave rematerialize to "
@@ -144,9 +141,12 @@ class StackedUnits(keras.layers.Layer):
                 # averages); the loop carries the new values out, to be assigned once.
                 # The start indices all of the index's integer type (JAX with 64-bit types on
                 # would make Python's zeros int64).
-                state = [ops.stop_gradient(ops.slice_update(stacked, [index] + [ops.zeros_like(index)] * len(new.shape),
-                                                            new[None]))
-                         for stacked, new in zip(state, updated)]
+                state = [
+                    ops.stop_gradient(
+                        ops.slice_update(stacked, [index] + [ops.zeros_like(index)] * len(new.shape), new[None])
+                    )
+                    for stacked, new in zip(state, updated)
+                ]
             return (x, state), None
 
         state = [variable.value for variable in self.stacked_non_trainable]

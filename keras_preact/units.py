@@ -109,9 +109,7 @@ class ResidualUnit(keras.layers.Layer):
         check_choice("shortcut", shortcut, shortcuts.SHORTCUTS)
         check_choice("stride_on", stride_on, STRIDE_POSITIONS)
         if merge is not None and not isinstance(merge, merges.Merge):
-            raise ValueError(
-                f"merge must be a layer from keras_preact.merges or None. Received: merge={merge!r}"
-            )
+            raise ValueError(f"merge must be a layer from keras_preact.merges or None. Received: merge={merge!r}")
         self.filters = filters
         self.form = form
         self.strides = strides

@@ -97,10 +97,16 @@ def newest_checkpoint(run_dir):
 
 def working_tree_bytes():
     """The bytes of what a device call sends besides carried folders: tracked and untracked, not ignored, files."""
-    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                           capture_output=True).stdout.decode().split("\0")
-    return sum(os.path.getsize(os.path.join(ROOT, name)) for name in names if name and os.path.isfile(
-        os.path.join(ROOT, name)))
+    names = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
+    return sum(
+        os.path.getsize(os.path.join(ROOT, name)) for name in names if name and os.path.isfile(os.path.join(ROOT, name))
+    )
 
 
 def pack(runs=CPU_RUNS, wheels=True, archive=ARCHIVE, output=PACK, entries=None):
@@ -113,9 +119,26 @@ def pack(runs=CPU_RUNS, wheels=True, archive=ARCHIVE, output=PACK, entries=None)
     if wheels:
         requirements = [f"{name}=={importlib.metadata.version(name)}" for name in WHEELS]
         platforms = [option for platform in WHEEL_PLATFORMS for option in ("--platform", platform)]
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                        "--python-version", "3.12", "--implementation", "cp", *platforms, "-d",
-                        os.path.join(output, "wheels"), *requirements], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.12",
+                "--implementation",
+                "cp",
+                *platforms,
+                "-d",
+                os.path.join(output, "wheels"),
+                *requirements,
+            ],
+            check=True,
+        )
     if archive is not None:
         if not os.path.isfile(archive):
             raise SystemExit(f"error: the CIFAR-10 archive is not at {archive} (../shared/data/README.md)")
@@ -133,8 +156,10 @@ def pack(runs=CPU_RUNS, wheels=True, archive=ARCHIVE, output=PACK, entries=None)
         values = checkpoints.read_values(path)
         size = sum(value.nbytes for value in values.values())
         if size > budget:
-            print(f"{name}: its checkpoint at step {step} ({size / 2**20:.1f} MiB) does not fit the "
-                  f"{max(budget, 0) / 2**20:.1f} MiB left of a call's 64 MiB; starts from its first step on the GPU")
+            print(
+                f"{name}: its checkpoint at step {step} ({size / 2**20:.1f} MiB) does not fit the "
+                f"{max(budget, 0) / 2**20:.1f} MiB left of a call's 64 MiB; starts from its first step on the GPU"
+            )
             continue
         carried = os.path.join(output, "runs", name)
         checkpoints.save(os.path.join(carried, "checkpoints"), step, values)
@@ -143,13 +168,16 @@ def pack(runs=CPU_RUNS, wheels=True, archive=ARCHIVE, output=PACK, entries=None)
                 shutil.copy(os.path.join(run_dir, file), carried)
         budget -= size
         print(f"{name}: carries its checkpoint at step {step} ({size / 2**20:.1f} MiB)")
-    print(f"{output}: {folder_bytes(output) / 2**20:.1f} MiB, the working tree {working_tree_bytes() / 2**20:.1f} MiB "
-          f"(a call carries 64 MiB)")
+    print(
+        f"{output}: {folder_bytes(output) / 2**20:.1f} MiB, the working tree {working_tree_bytes() / 2**20:.1f} MiB "
+        f"(a call carries 64 MiB)"
+    )
 
 
 def folder_bytes(folder):
-    return sum(os.path.getsize(os.path.join(directory, file))
-               for directory, _, files in os.walk(folder) for file in files)
+    return sum(
+        os.path.getsize(os.path.join(directory, file)) for directory, _, files in os.walk(folder) for file in files
+    )
 
 
 def start(minutes, out, device_root=DEVICE_ROOT, entries=None, backend="jax", packed=PACK, concurrent=CONCURRENT):
@@ -159,9 +187,24 @@ def start(minutes, out, device_root=DEVICE_ROOT, entries=None, backend="jax", pa
     entries = queue("gpu") if entries is None else entries
     wheels = sorted(glob.glob(os.path.join(packed, "wheels", "*.whl")))
     if wheels:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                        "--no-compile", "--no-cache-dir", "--upgrade", "--target", os.path.join(device_root, "site"),
-                        *wheels], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--no-cache-dir",
+                "--upgrade",
+                "--target",
+                os.path.join(device_root, "site"),
+                *wheels,
+            ],
+            check=True,
+        )
     archive = os.path.join(packed, os.path.basename(ARCHIVE))
     if not os.path.isdir(os.path.join(device_root, "cifar10-jpeg")) and os.path.exists(archive):
         with tarfile.open(archive, "r:xz") as opened:
@@ -189,10 +232,15 @@ def fill(device_root, entries):
         with open(path) as file:
             processes = json.load(file)
     site = os.path.join(device_root, "site")
-    environment = dict(os.environ, KERAS_BACKEND=settings["backend"], PYTHONUNBUFFERED="1",
-                       PYTHONPATH=os.pathsep.join([site, source_packages(device_root)] if os.path.isdir(site)
-                                                  else [source_packages(device_root)]),
-                       XLA_PYTHON_CLIENT_MEM_FRACTION=f"{GPU_MEMORY_SHARE / settings['concurrent']:.3f}")
+    environment = dict(
+        os.environ,
+        KERAS_BACKEND=settings["backend"],
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(
+            [site, source_packages(device_root)] if os.path.isdir(site) else [source_packages(device_root)]
+        ),
+        XLA_PYTHON_CLIENT_MEM_FRACTION=f"{GPU_MEMORY_SHARE / settings['concurrent']:.3f}",
+    )
     for name, arguments in entries:
         run_dir = os.path.join(runs, name)
         if len(running(device_root)) >= settings["concurrent"]:
@@ -202,9 +250,24 @@ def fill(device_root, entries):
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "output.txt"), "ab") as output:
             process = subprocess.Popen(
-                [sys.executable, "-m", "keras_preact_training", "train", *arguments, "--data-dir",
-                 os.path.join(device_root, "cifar10-jpeg"), "--run-dir", run_dir], cwd=ROOT, env=environment,
-                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "keras_preact_training",
+                    "train",
+                    *arguments,
+                    "--data-dir",
+                    os.path.join(device_root, "cifar10-jpeg"),
+                    "--run-dir",
+                    run_dir,
+                ],
+                cwd=ROOT,
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         processes[name] = process.pid
         with open(path, "w") as file:
             json.dump(processes, file)
@@ -271,9 +334,14 @@ def report(device_root, entries):
         state = "running" if name in alive else "stopped"
         if os.path.exists(os.path.join(device_root, "runs", name, "summary.json")):
             state = "finished"
-        print(f"{time.strftime('%H:%M:%S')} {name}: {state}" + (
-            f", step {last[0]}, epoch {last[1]}, loss {float(last[2]):.3f}, {float(last[7]):.0f} images/s"
-            if last and last[0] != "step" else ""))
+        print(
+            f"{time.strftime('%H:%M:%S')} {name}: {state}"
+            + (
+                f", step {last[0]}, epoch {last[1]}, loss {float(last[2]):.3f}, {float(last[7]):.0f} images/s"
+                if last and last[0] != "step"
+                else ""
+            )
+        )
 
 
 def bundle(out, device_root=DEVICE_ROOT, entries=None):
@@ -304,8 +372,10 @@ def bundle(out, device_root=DEVICE_ROOT, entries=None):
             if checkpoint and not finished:
                 archive.add(checkpoint, arcname=os.path.join("checkpoints", os.path.basename(checkpoint)))
         size = os.path.getsize(path)
-        print(f"{name}: {'finished' if finished else f'step {step}'}, bundle {size / 2**20:.1f} MiB"
-              + (" (over the 16 MiB a file may take back)" if size > RETURN_FILE_BYTES else ""))
+        print(
+            f"{name}: {'finished' if finished else f'step {step}'}, bundle {size / 2**20:.1f} MiB"
+            + (" (over the 16 MiB a file may take back)" if size > RETURN_FILE_BYTES else "")
+        )
         written.append(path)
     return written
 
@@ -323,7 +393,7 @@ def land(folder, runs=CPU_RUNS, data_dir=CPU_DATA, publish=True):
     the CPU's, the CPU queue restarted if it trains that run."""
     restart = False
     for path in sorted(glob.glob(os.path.join(folder, "*.tar"))):
-        name = os.path.basename(path)[:-len(".tar")]
+        name = os.path.basename(path)[: -len(".tar")]
         run_dir = os.path.join(runs, name)
         with tarfile.open(path) as archive:
             members = archive.getnames()
@@ -348,9 +418,20 @@ def land(folder, runs=CPU_RUNS, data_dir=CPU_DATA, publish=True):
             summary = json.load(file)
         print(f"{name}: finished on the GPU, test error {100 * summary['test_error']:.2f} %")
         if publish and name.startswith("zoo-"):
-            subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "land_zoo_run.py"), run_dir, "--name",
-                            config["model"], "--images-per-second", str(summary["training_images_per_second"]),
-                            "--data-dir", data_dir], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    os.path.join(ROOT, "scripts", "land_zoo_run.py"),
+                    run_dir,
+                    "--name",
+                    config["model"],
+                    "--images-per-second",
+                    str(summary["training_images_per_second"]),
+                    "--data-dir",
+                    data_dir,
+                ],
+                check=True,
+            )
     if restart:
         restart_cpu_queue()
 
@@ -372,26 +453,40 @@ def restart_cpu_queue():
     runner = os.path.expanduser("~/.cache/keras-preact/runner")
     environment = dict(os.environ, PYTHON=os.path.join(ROOT, ".venv", "bin", "python"))
     with open(os.path.expanduser("~/.cache/keras-preact/queue.out"), "ab") as output:
-        subprocess.Popen(["nohup", os.path.join(runner, "scripts", "zoo_queue.sh")], cwd=runner, env=environment,
-                         stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        subprocess.Popen(
+            ["nohup", os.path.join(runner, "scripts", "zoo_queue.sh")],
+            cwd=runner,
+            env=environment,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     print(f"the CPU queue started again from {runner}")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:2]))
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:2]),
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     packing = commands.add_parser("pack", help="here: fill .gpu/ with what the device lacks")
     packing.add_argument("--runs", default=CPU_RUNS, help=f"the CPU queue's runs (default: {CPU_RUNS})")
     for name in ("start", "collect"):
-        command = commands.add_parser(name, help="on the device: " + ("start the queue, wait, bundle"
-                                                                      if name == "start" else "wait, bundle"))
+        command = commands.add_parser(
+            name, help="on the device: " + ("start the queue, wait, bundle" if name == "start" else "wait, bundle")
+        )
         command.add_argument("--minutes", type=float, default=9.0, help="how long to wait before bundling")
         command.add_argument("--out", default=os.environ.get("OUT", "out"), help="where the bundles go (default: $OUT)")
         if name == "start":
-            command.add_argument("--concurrent", type=int, default=CONCURRENT,
-                                 help=f"runs trained at once on the GPU (default: {CONCURRENT})")
+            command.add_argument(
+                "--concurrent",
+                type=int,
+                default=CONCURRENT,
+                help=f"runs trained at once on the GPU (default: {CONCURRENT})",
+            )
     commands.add_parser("stop", help="on the device: end the runs")
     landing = commands.add_parser("land", help="here: put a device call's bundles into the CPU queue's runs")
     landing.add_argument("folder", help="the device call's files (the reply's files_at)")

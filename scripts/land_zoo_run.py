@@ -54,12 +54,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
     parser.add_argument("--name", required=True, help="the network, e.g. resnet20 or resnet56_original")
-    parser.add_argument("--images-per-second", type=float, required=True,
-                        help="its training rate measured alone (bench/training_throughput.py --config cifar10_zoo)")
+    parser.add_argument(
+        "--images-per-second",
+        type=float,
+        required=True,
+        help="its training rate measured alone (bench/training_throughput.py --config cifar10_zoo)",
+    )
     parser.add_argument("--data-dir", help="CIFAR-10 here, where the run trained elsewhere (default: the run's own)")
     arguments = parser.parse_args()
-    entry = zoo.publish(arguments.run_dir, arguments.name, arguments.data_dir,
-                        images_per_second=arguments.images_per_second)
+    entry = zoo.publish(
+        arguments.run_dir, arguments.name, arguments.data_dir, images_per_second=arguments.images_per_second
+    )
     curves = f"zoo_{arguments.name}_curves.png"
     draw_curves(arguments.run_dir, arguments.name, os.path.join(ROOT, "docs", curves))
     logs = os.path.join(ROOT, "docs", "runs", f"zoo-{arguments.name}")
@@ -77,9 +82,11 @@ def main():
             text = replace_curve_images(text, zoo.curve_images())
         with open(path, "w") as file:
             file.write(text)
-    print(f"{arguments.name}: test error {100 * entry['test_error']:.2f} %, with flip "
-          f"{100 * entry['flip_test_error']:.2f} %, {entry['hours_alone']:.2f} hours alone; curves, logs and "
-          f"tables written: commit them together.")
+    print(
+        f"{arguments.name}: test error {100 * entry['test_error']:.2f} %, with flip "
+        f"{100 * entry['flip_test_error']:.2f} %, {entry['hours_alone']:.2f} hours alone; curves, logs and "
+        f"tables written: commit them together."
+    )
 
 
 if __name__ == "__main__":

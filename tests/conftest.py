@@ -18,8 +18,14 @@ KERAS_PREACT = os.path.join(os.path.dirname(sys.executable), "keras-preact")
 # Saving and loading the deepest networks takes about 20 s each on a 2-core CPU (their units
 # as loops, the default; 60-90 s with separate units): those four run with -m slow (the
 # other 26 registered networks' save and load stay in the default run).
-SLOW_PARAMETERS = {"test_keras_save_and_load_give_identical_outputs": {"resnet1001", "resnet1001_original",
-                                                                      "resnet1202", "resnet1202_original"}}
+SLOW_PARAMETERS = {
+    "test_keras_save_and_load_give_identical_outputs": {
+        "resnet1001",
+        "resnet1001_original",
+        "resnet1202",
+        "resnet1202_original",
+    }
+}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -73,8 +79,10 @@ def gradients(model, inputs, loss_of_outputs, training=True):
 
         with tf.GradientTape() as tape:
             loss = loss_of_outputs(model(inputs, training=training))
-        return [None if gradient is None else np.array(gradient)
-                for gradient in tape.gradient(loss, model.trainable_variables)]
+        return [
+            None if gradient is None else np.array(gradient)
+            for gradient in tape.gradient(loss, model.trainable_variables)
+        ]
     if backend == "jax":
         import jax
 
@@ -83,15 +91,19 @@ def gradients(model, inputs, loss_of_outputs, training=True):
         def loss(trainable):
             return loss_of_outputs(model.stateless_call(trainable, non_trainable, inputs, training=training)[0])
 
-        return [np.array(gradient) for gradient in
-                jax.grad(loss)([variable.value for variable in model.trainable_variables])]
+        return [
+            np.array(gradient)
+            for gradient in jax.grad(loss)([variable.value for variable in model.trainable_variables])
+        ]
     import torch
 
     values = [variable.value for variable in model.trainable_variables]
     with torch.enable_grad():
         loss = loss_of_outputs(model(inputs, training=training))
-        return [None if gradient is None else keras.ops.convert_to_numpy(gradient)
-                for gradient in torch.autograd.grad(loss, values, allow_unused=True)]
+        return [
+            None if gradient is None else keras.ops.convert_to_numpy(gradient)
+            for gradient in torch.autograd.grad(loss, values, allow_unused=True)
+        ]
 
 
 def output_gradients(model, inputs, training=True, seed=0):
@@ -100,9 +112,11 @@ def output_gradients(model, inputs, training=True, seed=0):
     A random projection, not a plain sum: the sum of softmax outputs is constant and
     would give every weight a zero gradient.
     """
-    projection = keras.ops.convert_to_tensor(np.random.default_rng(seed).normal(
-        size=(inputs.shape[0],) + tuple(model.compute_output_shape(inputs.shape)[1:])
-    ).astype("float32"))
+    projection = keras.ops.convert_to_tensor(
+        np.random.default_rng(seed)
+        .normal(size=(inputs.shape[0],) + tuple(model.compute_output_shape(inputs.shape)[1:]))
+        .astype("float32")
+    )
     return gradients(model, inputs, lambda outputs: keras.ops.sum(outputs * projection), training)
 
 
@@ -134,8 +148,9 @@ def jacobian(layer, inputs, training=True):
     import torch
 
     with torch.enable_grad():
-        jacobian = torch.autograd.functional.jacobian(lambda x: layer(x, training=training),
-                                                      keras.ops.convert_to_tensor(inputs), vectorize=True)
+        jacobian = torch.autograd.functional.jacobian(
+            lambda x: layer(x, training=training), keras.ops.convert_to_tensor(inputs), vectorize=True
+        )
     return keras.ops.convert_to_numpy(jacobian).reshape(size, -1)
 
 

@@ -45,8 +45,13 @@ def test_propagation_measures_every_unit_and_leaves_the_model_unchanged():
     statistics = analysis.propagation(model, IMAGES[:4], LABELS[:4])
     assert [unit.name for unit in statistics] == [f"stage{s}_unit{u}" for s in (1, 2, 3) for u in (1, 2, 3)]
     for unit in statistics:
-        values = (unit.output_norm, unit.shortcut_norm, unit.residual_norm, unit.input_gradient_norm,
-                  unit.weight_gradient_norm)
+        values = (
+            unit.output_norm,
+            unit.shortcut_norm,
+            unit.residual_norm,
+            unit.input_gradient_norm,
+            unit.weight_gradient_norm,
+        )
         assert all(np.isfinite(value) and value > 0 for value in values), unit
     assert all(np.array_equal(old, np.array(new)) for old, new in zip(before, model.weights))
 
@@ -71,7 +76,9 @@ def test_scaled_shortcuts_attenuate_by_lambda_to_the_number_of_units(scale):
 
 
 def test_identity_shortcuts_pass_the_gradient_unchanged():
-    gains = analysis.shortcut_gains(analysis.stage_units(kp.ResNet56(), 1), np.random.default_rng(0).normal(size=(2, 8, 8, 16)))
+    gains = analysis.shortcut_gains(
+        analysis.stage_units(kp.ResNet56(), 1), np.random.default_rng(0).normal(size=(2, 8, 8, 16))
+    )
     np.testing.assert_allclose(gains, np.ones(10), rtol=1e-6)
 
 
@@ -95,16 +102,22 @@ def test_bad_input():
     with pytest.raises(ValueError, match="needs a model whose layers form a chain"):
         analysis.propagation(branched, np.zeros((1, 8, 8, 3)), np.zeros(1))
     with pytest.raises(ValueError, match="needs a model with residual units"):
-        analysis.propagation(keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(), keras.layers.Dense(2)]),
-                             np.zeros((1, 8, 8, 3)), np.zeros(1))
+        analysis.propagation(
+            keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(), keras.layers.Dense(2)]),
+            np.zeros((1, 8, 8, 3)),
+            np.zeros(1),
+        )
 
 
 @pytest.mark.tensorflow
 def test_diagnose_command_writes_its_plots_and_tables(tmp_path):
     result = subprocess.run(
-        [KERAS_PREACT, "diagnose", "--depths", "20", "--depth", "20", "--batch-size", "8",
-         "--output", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=600,
+        [KERAS_PREACT, "diagnose", "--depths", "20", "--depth", "20", "--batch-size", "8", "--output", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for name in ("gradients.png", "forward.png", "shortcut_gains.png"):
@@ -117,6 +130,8 @@ def test_diagnose_command_writes_its_plots_and_tables(tmp_path):
 
 def test_diagnose_refuses_an_output_folder_it_cannot_make(tmp_path):
     (tmp_path / "a_file").write_text("")
-    with pytest.raises(ValueError, match=f"Cannot make the output folder {tmp_path}/a_file/plots: {tmp_path}/a_file "
-                                         "is a file, not a folder"):
+    with pytest.raises(
+        ValueError,
+        match=f"Cannot make the output folder {tmp_path}/a_file/plots: {tmp_path}/a_file is a file, not a folder",
+    ):
         diagnose.diagnose(str(tmp_path / "a_file" / "plots"), depths=(20,), depth=20, batch_size=2)

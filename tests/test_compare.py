@@ -6,19 +6,27 @@ import pytest
 
 from keras_preact_training import cli, compare
 
-HEADER = "step,epoch,loss,accuracy,learning_rate,test_loss,test_error,images_per_second,validation_loss," \
-         "validation_error,hours\n"
+HEADER = (
+    "step,epoch,loss,accuracy,learning_rate,test_loss,test_error,images_per_second,validation_loss,"
+    "validation_error,hours\n"
+)
 
 
 def write_run(directory, schedule, errors, hours):
     """A finished run that evaluated on validation after steps 100, 200, ... with `errors`."""
     directory.mkdir()
-    rows = [f"{100 * (index + 1)},{index + 1},0.5,0.8,0.1,,,100,0.6,{error},{hours * (index + 1) / len(errors)}"
-            for index, error in enumerate(errors)]
+    rows = [
+        f"{100 * (index + 1)},{index + 1},0.5,0.8,0.1,,,100,0.6,{error},{hours * (index + 1) / len(errors)}"
+        for index, error in enumerate(errors)
+    ]
     (directory / "log.csv").write_text(HEADER + "\n".join(rows) + "\n")
-    summary = dict(evaluated_on="validation", validation_error=errors[-1], steps=100 * len(errors),
-                   training_hours=hours, config=dict(schedule=schedule, duration=len(errors), schedule_unit="epochs",
-                                                     batch_size=128))
+    summary = dict(
+        evaluated_on="validation",
+        validation_error=errors[-1],
+        steps=100 * len(errors),
+        training_hours=hours,
+        config=dict(schedule=schedule, duration=len(errors), schedule_unit="epochs", batch_size=128),
+    )
     (directory / "summary.json").write_text(json.dumps(summary))
     return str(directory)
 
@@ -30,7 +38,9 @@ def test_compare_tables_final_error_and_hours_to_come_close(tmp_path, capsys):
     # The best final error is 9.5 %; within a point: 10.5 %, reached at step 200 by cosine
     # (2 of its 3 equal hours) and at step 300 by step.
     assert [(row["run"], row["schedule"], row["duration"]) for row in table] == [
-        ("step", "step", "3 epochs"), ("cosine", "cosine", "3 epochs")]
+        ("step", "step", "3 epochs"),
+        ("cosine", "cosine", "3 epochs"),
+    ]
     assert [row["error"] for row in table] == pytest.approx([10.0, 9.5])
     assert [row["hours"] for row in table] == pytest.approx([3.0, 6.0])
     assert [row["hours_to_close"] for row in table] == pytest.approx([3.0, 4.0])

@@ -68,15 +68,26 @@ def test_an_extraction_stopped_midway_is_made_again(tmp_path):
     assert data_folder.counts(str(destination)) == {"train": (10, 10), "test": (10, 10)}
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda tmp_path: str(tmp_path / "missing.tar.xz"), "No archive at {tmp}/missing.tar.xz: an archive of an image "
-     "folder (DIR/train/<class>/<image> and DIR/test/<class>/<image>, one folder per class) is expected."),
-    (lambda tmp_path: (tmp_path / "notes.txt").write_text("not an archive") and str(tmp_path / "notes.txt"),
-     "{tmp}/notes.txt is neither a tar nor a zip archive."),
-    (lambda tmp_path: archive_of(sample_folder(tmp_path / "source") / "train", tmp_path / "train-only.zip"),
-     "{tmp}/train-only.zip holds no image folder (DIR/train/<class>/<image> and DIR/test/<class>/<image>, one "
-     "folder per class) at its top or in its one top folder."),
-], ids=["missing", "not an archive", "no train and test"])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda tmp_path: str(tmp_path / "missing.tar.xz"),
+            "No archive at {tmp}/missing.tar.xz: an archive of an image "
+            "folder (DIR/train/<class>/<image> and DIR/test/<class>/<image>, one folder per class) is expected.",
+        ),
+        (
+            lambda tmp_path: (tmp_path / "notes.txt").write_text("not an archive") and str(tmp_path / "notes.txt"),
+            "{tmp}/notes.txt is neither a tar nor a zip archive.",
+        ),
+        (
+            lambda tmp_path: archive_of(sample_folder(tmp_path / "source") / "train", tmp_path / "train-only.zip"),
+            "{tmp}/train-only.zip holds no image folder (DIR/train/<class>/<image> and DIR/test/<class>/<image>, one "
+            "folder per class) at its top or in its one top folder.",
+        ),
+    ],
+    ids=["missing", "not an archive", "no train and test"],
+)
 def test_data_refuses_what_is_not_an_archive_of_an_image_folder(tmp_path, make, message):
     result = run("data", make(tmp_path), "--data-dir", str(tmp_path / "cifar10-jpeg"))
     assert result.returncode == 2
@@ -85,23 +96,33 @@ def test_data_refuses_what_is_not_an_archive_of_an_image_folder(tmp_path, make, 
     assert [name for name in os.listdir(tmp_path) if name.startswith(".extracting")] == []
 
 
-@pytest.mark.parametrize("arguments", [
-    ["evaluate", "--model", "resnet20"],
-    ["train", "--config", "cifar10_zoo", "--set", "dataset=folder"],
-], ids=["evaluate", "train"])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["evaluate", "--model", "resnet20"],
+        ["train", "--config", "cifar10_zoo", "--set", "dataset=folder"],
+    ],
+    ids=["evaluate", "train"],
+)
 def test_commands_refuse_a_missing_image_folder_before_loading_tensorflow(tmp_path, arguments):
     """In a process where TensorFlow cannot be imported, the folder's error comes first: it is
     checked before anything loads (0.1 s against 4-29 s)."""
     hidden = os.path.join(ROOT, "tests", "without_tensorflow")
-    result = subprocess.run([KERAS_PREACT, *arguments, "--data-dir", str(tmp_path / "nowhere")], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": hidden, "KERAS_BACKEND": "tensorflow"})
+    result = subprocess.run(
+        [KERAS_PREACT, *arguments, "--data-dir", str(tmp_path / "nowhere")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": hidden, "KERAS_BACKEND": "tensorflow"},
+    )
     assert result.returncode == 2
     assert result.stderr == (
         "error: dataset=folder needs --data-dir to be an image folder (DIR/train/<class>/<image> and "
         "DIR/test/<class>/<image>, one folder per class; `keras-preact data ARCHIVE` makes "
         f"{data_folder.CIFAR10_FOLDER} from an archive of one, docs/training.md#data). "
-        f"Received: data_dir={str(tmp_path / 'nowhere')!r}\n")
+        f"Received: data_dir={str(tmp_path / 'nowhere')!r}\n"
+    )
 
 
 def test_evaluate_refuses_weights_that_do_not_ship_before_reading_the_data(tmp_path):

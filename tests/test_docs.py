@@ -60,8 +60,11 @@ def read(path):
 
 def python_blocks():
     """[(document's path relative to the root, block number from 1, code)] of every document."""
-    return [(os.path.relpath(path, ROOT), number, code) for path in DOCUMENTS
-            for number, code in enumerate(BLOCK.findall(read(path)), start=1)]
+    return [
+        (os.path.relpath(path, ROOT), number, code)
+        for path in DOCUMENTS
+        for number, code in enumerate(BLOCK.findall(read(path)), start=1)
+    ]
 
 
 def substituted(block, replacements):
@@ -83,8 +86,9 @@ def test_the_documents_have_their_blocks_and_each_substitution_is_on_a_yours_lin
         assert any(text in line for line in yours_lines), f"{text} is on no line a document marks {YOURS!r}"
 
 
-@pytest.mark.parametrize("path, number, block", python_blocks(),
-                         ids=[f"{path}:{number}" for path, number, _ in python_blocks()])
+@pytest.mark.parametrize(
+    "path, number, block", python_blocks(), ids=[f"{path}:{number}" for path, number, _ in python_blocks()]
+)
 def test_every_python_block_runs_as_written(path, number, block, tmp_path, monkeypatch):
     if 'weights="cifar10"' in block and "resnet20" not in pretrained.shipped_networks("cifar10"):
         pytest.skip("the zoo ships no CIFAR-10 ResNet-20 yet (keras_preact/weights/registry.json)")
@@ -146,7 +150,8 @@ def test_landing_a_zoo_run_replaces_each_table_and_nothing_else():
     table = "| network | error |\n|---|---|\n| resnet20 | 11.50 |\n| resnet56 | 9.00 |"
     assert land_zoo_run.replace_table(text, table) == (
         "Intro.\n\n| network | error |\n|---|---|\n| resnet20 | 11.50 |\n| resnet56 | 9.00 |\n\nAfter.\n\n"
-        "| other |\n|---|\n")
+        "| other |\n|---|\n"
+    )
     with pytest.raises(ValueError, match=re.escape("no table with the header '| network | parameters |' to replace")):
         land_zoo_run.replace_table(text, "| network | parameters |\n|---|---|")
 
@@ -155,8 +160,10 @@ def test_landing_a_zoo_run_replaces_the_paragraph_of_curve_images():
     land_zoo_run = load_land_zoo_run()
     start = land_zoo_run.zoo.CURVE_IMAGE_START
     text = f"Table.\n\n{start} pre-activation ResNet-20](zoo_resnet20_curves.png)\n\n**Status.**\n"
-    images = (f"{start} pre-activation ResNet-20](zoo_resnet20_curves.png)\n"
-              f"{start} original ResNet-20](zoo_resnet20_original_curves.png)")
+    images = (
+        f"{start} pre-activation ResNet-20](zoo_resnet20_curves.png)\n"
+        f"{start} original ResNet-20](zoo_resnet20_original_curves.png)"
+    )
     assert land_zoo_run.replace_curve_images(text, images) == f"Table.\n\n{images}\n\n**Status.**\n"
     with pytest.raises(ValueError, match="no paragraph of images beginning"):
         land_zoo_run.replace_curve_images("Table.\n\n**Status.**\n", images)
@@ -165,18 +172,25 @@ def test_landing_a_zoo_run_replaces_the_paragraph_of_curve_images():
 def test_landing_a_zoo_run_draws_its_curves_from_its_log_titled_with_the_data_folder(tmp_path, monkeypatch):
     land_zoo_run = load_land_zoo_run()
     drawn = []
-    monkeypatch.setattr(land_zoo_run.plots, "training_curves", lambda *arguments, **options: drawn.append(
-        (arguments, options)))
+    monkeypatch.setattr(
+        land_zoo_run.plots, "training_curves", lambda *arguments, **options: drawn.append((arguments, options))
+    )
     run_dir = os.path.join(DOCS, "runs", "zoo-resnet20")
     land_zoo_run.draw_curves(run_dir, "resnet20", str(tmp_path / "curves.png"))
-    assert drawn == [((os.path.join(run_dir, "log.csv"), str(tmp_path / "curves.png")),
-                      {"title": "resnet20 on cifar10-jpeg"})]
+    assert drawn == [
+        ((os.path.join(run_dir, "log.csv"), str(tmp_path / "curves.png")), {"title": "resnet20 on cifar10-jpeg"})
+    ]
 
 
 def mkdocs_build(folder, site):
     """`mkdocs build --strict` of the project in `folder` (the Material theme's notice off)."""
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=folder,
-                          capture_output=True, text=True, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+    )
 
 
 def test_the_site_builds_in_strict_mode_and_a_broken_link_fails_it(tmp_path):

@@ -1,7 +1,6 @@
 """Every dtype policy of Keras: a network builds, trains a step with the paper's recipe and
 exports as a SavedModel under float64, float32, mixed_float16 and mixed_bfloat16."""
 
-
 import keras
 import numpy as np
 import pytest
@@ -49,11 +48,17 @@ def test_every_policy_builds_trains_a_step_and_exports(policy, tmp_path):
         assert np.isfinite(loss), policy
         assert {variable.dtype for variable in model.trainable_variables} == {weight_dtype}
         assert model.get_layer("stem_conv").compute_dtype == compute_dtype
-        assert all(not np.array_equal(before, np.array(after))
-                   for before, after in zip(initial, model.trainable_variables))
+        assert all(
+            not np.array_equal(before, np.array(after)) for before, after in zip(initial, model.trainable_variables)
+        )
         expected = np.array(model(IMAGES, training=False), "float64")
-        path = export.export_saved_model(model, str(tmp_path / "model"), [str(index) for index in range(10)],
-                                         export.Preprocessing(32, 3, (0.0,) * 3, (1.0,) * 3), verbose=False)
+        path = export.export_saved_model(
+            model,
+            str(tmp_path / "model"),
+            [str(index) for index in range(10)],
+            export.Preprocessing(32, 3, (0.0,) * 3, (1.0,) * 3),
+            verbose=False,
+        )
     outputs = tf.saved_model.load(path).signatures["predict_normalized"](normalized=tf.constant(IMAGES))
     logits = np.array(outputs["logits"], "float64")
     assert outputs["logits"].dtype == tf.float32
@@ -62,9 +67,15 @@ def test_every_policy_builds_trains_a_step_and_exports(policy, tmp_path):
 
 def update_relative_difference(model, reference, initial):
     """||update - reference's update|| / ||reference's update||, over all trainable weights."""
-    update, expected = (np.concatenate([(np.array(variable, "float64") - start).ravel()
-                                        for variable, start in zip(network.trainable_variables, initial)])
-                        for network in (model, reference))
+    update, expected = (
+        np.concatenate(
+            [
+                (np.array(variable, "float64") - start).ravel()
+                for variable, start in zip(network.trainable_variables, initial)
+            ]
+        )
+        for network in (model, reference)
+    )
     return np.linalg.norm(update - expected) / np.linalg.norm(expected)
 
 
@@ -82,8 +93,9 @@ def test_float64_trains_as_float32_to_rounding():
         model.set_weights([weight.astype("float64") for weight in weights])
         train_step(model, "float64")
         norms = keras_preact.walks.batch_norms(model)
-        assert norms and not any(norm.runs_fused_kernel(keras.ops.zeros((1, 2, 2, norm.gamma.shape[0]), "float64"))
-                                 for norm in norms)
+        assert norms and not any(
+            norm.runs_fused_kernel(keras.ops.zeros((1, 2, 2, norm.gamma.shape[0]), "float64")) for norm in norms
+        )
         logits = np.array(model(IMAGES.astype("float64"), training=False))
     # Measured 2.8e-5 (this seed), 2.4e-5 to 2.1e-3 over seeds 1-3: float32 rounding that moves a
     # ReLU's input across zero changes that unit's gradient, as in tests/test_fused.py.

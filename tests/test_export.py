@@ -56,9 +56,13 @@ def expected_outputs(network, normalized, class_names, top_k):
     else:
         logits, probabilities = probabilities, np.array(keras.ops.softmax(probabilities))
     ranked = np.argsort(-probabilities, axis=-1, kind="stable")[:, :top_k]
-    return dict(logits=logits, probabilities=probabilities, class_ids=np.argmax(logits, -1),
-                classes=np.array(class_names, dtype=object)[ranked],
-                scores=np.take_along_axis(probabilities, ranked, -1))
+    return dict(
+        logits=logits,
+        probabilities=probabilities,
+        class_ids=np.argmax(logits, -1),
+        classes=np.array(class_names, dtype=object)[ranked],
+        scores=np.take_along_axis(probabilities, ranked, -1),
+    )
 
 
 def assert_outputs_match(outputs, expected):
@@ -102,38 +106,68 @@ def test_versioned_layout_and_metadata(resnet20_export):
     metadata = contract.read_metadata(path)
     assert metadata["name"] == "cifar10_resnet20" and metadata["version"] == 1
     assert metadata["class_names"] == CIFAR_CLASSES and metadata["network"] == network.name
-    assert metadata["input"] == dict(image_size=32, channels=3, normalization_mean=[125.3, 123.0, 113.9],
-                                     normalization_std=[63.0, 62.1, 66.7], crop="resize", pixel_range=[0, 255])
+    assert metadata["input"] == dict(
+        image_size=32,
+        channels=3,
+        normalization_mean=[125.3, 123.0, 113.9],
+        normalization_std=[63.0, 62.1, 66.7],
+        crop="resize",
+        pixel_range=[0, 255],
+    )
     assert sorted(metadata["signatures"]) == sorted(contract.SIGNATURES) and metadata["top_k"] == 5
     assert metadata["signatures"] == {
         "serving_default": "images: tf.string [batch], encoded JPEG/PNG/GIF/BMP images of any size",
         "predict_pixels": "pixels: tf.uint8 [batch, 32, 32, 3], 0-255",
         "predict_normalized": "normalized: tf.float32 [batch, 32, 32, 3], (pixels - normalization_mean) / "
-                              "normalization_std"}
+        "normalization_std",
+    }
     assert metadata["folded_batch_norms"] == 10  # the stem's and the middle one of each of 9 units
 
 
 @pytest.mark.parametrize(
     "name, build, preprocessing, class_names",
     [
-        ("pre-activation ResNet-20", lambda: keras_preact.ResNet20(input_shape=CIFAR.shape, classes=10), CIFAR,
-         CIFAR_CLASSES),
-        ("bottleneck ResNet-29", lambda: keras_preact.CifarResNet(29, "bottleneck", input_shape=CIFAR.shape, classes=10),
-         CIFAR, CIFAR_CLASSES),
-        ("original ResNet-20, logits", lambda: keras_preact.get_model(
-            "resnet20_original", input_shape=CIFAR.shape, classes=10, classifier_activation=None), CIFAR, CIFAR_CLASSES),
-        ("bottleneck ResNet-29, units in loops", lambda: keras_preact.CifarResNet(
-            29, "bottleneck", input_shape=CIFAR.shape, classes=10, scan_units=True), CIFAR, CIFAR_CLASSES),
-        ("grey 8x8 digits, 3 of 12 classes", lambda: keras_preact.ResNet20(input_shape=DIGITS.shape, classes=12),
-         DIGITS, [f"digit {index}" for index in range(12)]),
+        (
+            "pre-activation ResNet-20",
+            lambda: keras_preact.ResNet20(input_shape=CIFAR.shape, classes=10),
+            CIFAR,
+            CIFAR_CLASSES,
+        ),
+        (
+            "bottleneck ResNet-29",
+            lambda: keras_preact.CifarResNet(29, "bottleneck", input_shape=CIFAR.shape, classes=10),
+            CIFAR,
+            CIFAR_CLASSES,
+        ),
+        (
+            "original ResNet-20, logits",
+            lambda: keras_preact.get_model(
+                "resnet20_original", input_shape=CIFAR.shape, classes=10, classifier_activation=None
+            ),
+            CIFAR,
+            CIFAR_CLASSES,
+        ),
+        (
+            "bottleneck ResNet-29, units in loops",
+            lambda: keras_preact.CifarResNet(29, "bottleneck", input_shape=CIFAR.shape, classes=10, scan_units=True),
+            CIFAR,
+            CIFAR_CLASSES,
+        ),
+        (
+            "grey 8x8 digits, 3 of 12 classes",
+            lambda: keras_preact.ResNet20(input_shape=DIGITS.shape, classes=12),
+            DIGITS,
+            [f"digit {index}" for index in range(12)],
+        ),
     ],
 )
 def test_reloaded_signatures_match_the_keras_model(tmp_path, name, build, preprocessing, class_names):
     pixels = random_pixels(8, preprocessing, seed=1)
     network = calibrated(build(), preprocessing, pixels)
     top_k = 3 if preprocessing is DIGITS else export.DEFAULT_TOP_K
-    path = export.export_saved_model(network, str(tmp_path / "model"), class_names, preprocessing, top_k=top_k,
-                                     verbose=False)
+    path = export.export_saved_model(
+        network, str(tmp_path / "model"), class_names, preprocessing, top_k=top_k, verbose=False
+    )
     assert_signatures_match(network, path, preprocessing, class_names, pixels, top_k)
 
 
@@ -157,8 +191,7 @@ def test_resnet1001_with_set_statistics_exports_exactly(tmp_path):
     """ResNet-1001 in inference mode: finite, and every signature equal to Keras (about 3 min;
     the default run exports ResNet-1001 with its units as loops, below)."""
     pixels = random_pixels(8, CIFAR, seed=2)
-    network = calibrated(keras_preact.ResNet1001(input_shape=CIFAR.shape, classes=10, scan_units=False), CIFAR,
-                         pixels)
+    network = calibrated(keras_preact.ResNet1001(input_shape=CIFAR.shape, classes=10, scan_units=False), CIFAR, pixels)
     path = export.export_saved_model(network, str(tmp_path / "resnet1001"), CIFAR_CLASSES, CIFAR, verbose=False)
     assert_signatures_match(keras_preact.fold_batch_norms(network), path, CIFAR, CIFAR_CLASSES, pixels)
 
@@ -175,8 +208,7 @@ def test_resnet1001_in_loops_exports_exactly(tmp_path):
 def test_encoded_images_are_preprocessed_as_in_training(resnet20_export, cifar_folder):
     """serving_default on CIFAR-10 JPEG files equals the network on the training pipeline's images."""
     network, path, _ = resnet20_export
-    config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={cifar_folder}",
-                                                        "test_examples=12")
+    config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={cifar_folder}", "test_examples=12")
     split = data.load(config).test
     images, _ = next(iter(input_tensorflow.evaluation_batches(split, 12)))
     expected = expected_outputs(network, normalize(images, CIFAR), CIFAR_CLASSES, export.DEFAULT_TOP_K)
@@ -193,8 +225,13 @@ def test_encoded_images_are_preprocessed_as_in_training(resnet20_export, cifar_f
 def test_saved_model_cli_lists_the_signatures(resnet20_export):
     _, path, _ = resnet20_export
     command = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
-    result = subprocess.run([command, "show", "--dir", path, "--all"], capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    result = subprocess.run(
+        [command, "show", "--dir", path, "--all"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     shown = result.stdout
     for signature, (input_name, dtype, shape) in {
@@ -204,8 +241,13 @@ def test_saved_model_cli_lists_the_signatures(resnet20_export):
     }.items():
         section = shown.split(f"signature_def['{signature}']:")[1].split("signature_def[")[0]
         assert f"inputs['{input_name}'] tensor_info:\n        dtype: {dtype}\n        shape: {shape}" in section
-        for output, output_type in (("logits", "DT_FLOAT"), ("probabilities", "DT_FLOAT"), ("class_ids", "DT_INT64"),
-                                    ("classes", "DT_STRING"), ("scores", "DT_FLOAT")):
+        for output, output_type in (
+            ("logits", "DT_FLOAT"),
+            ("probabilities", "DT_FLOAT"),
+            ("class_ids", "DT_INT64"),
+            ("classes", "DT_STRING"),
+            ("scores", "DT_FLOAT"),
+        ):
             assert f"outputs['{output}'] tensor_info:\n        dtype: {output_type}" in section
         assert "Method name is: tensorflow/serving/predict" in section
 
@@ -233,8 +275,13 @@ def test_versions_count_up_and_are_never_overwritten(resnet20_export, tmp_path):
 )
 def test_bad_export_arguments_are_clear_errors(resnet20_export, tmp_path, change, message):
     network, _, _ = resnet20_export
-    arguments = dict(network=network, directory=str(tmp_path / "model"), class_names=CIFAR_CLASSES,
-                     preprocessing=CIFAR, verbose=False)
+    arguments = dict(
+        network=network,
+        directory=str(tmp_path / "model"),
+        class_names=CIFAR_CLASSES,
+        preprocessing=CIFAR,
+        verbose=False,
+    )
     with pytest.raises(ValueError, match=message):
         export.export_saved_model(**{**arguments, **change})
 
@@ -268,13 +315,20 @@ def test_a_network_without_classifier_is_refused(tmp_path):
 )
 def test_bad_preprocessing_is_a_clear_error(arguments, message):
     with pytest.raises(ValueError, match=message):
-        export.Preprocessing(**{**dict(image_size=32, channels=3, normalization_mean=(0.0,) * 3,
-                                       normalization_std=(1.0,) * 3), **arguments})
+        export.Preprocessing(
+            **{
+                **dict(image_size=32, channels=3, normalization_mean=(0.0,) * 3, normalization_std=(1.0,) * 3),
+                **arguments,
+            }
+        )
 
 
 def test_missing_version_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"No version folder with a SavedModel \(<directory>/<number>/"
-                                                r"saved_model.pb\) in "):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"No version folder with a SavedModel \(<directory>/<number>/"
+        r"saved_model.pb\) in ",
+    ):
         contract.latest_version(str(tmp_path))
 
 
@@ -282,12 +336,34 @@ def test_export_command_exports_a_run_and_predicts_with_the_reloaded_model(tmp_p
     """The end of the README's main job: train (a short digits run), export, predict."""
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
     run_dir, output = str(tmp_path / "run"), str(tmp_path / "saved_models")
-    trained = subprocess.run([KERAS_PREACT, "train", "--config", "digits_demo", "--run-dir",
-                              run_dir, "--set", "duration=2", "--set", "evaluate_every=1000"], cwd=ROOT,
-                             env=environment, capture_output=True, text=True, timeout=600)
+    trained = subprocess.run(
+        [
+            KERAS_PREACT,
+            "train",
+            "--config",
+            "digits_demo",
+            "--run-dir",
+            run_dir,
+            "--set",
+            "duration=2",
+            "--set",
+            "evaluate_every=1000",
+        ],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
-    result = subprocess.run([KERAS_PREACT, "export", "--run-dir", run_dir, "--output", output,
-                             "--top-k", "3"], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [KERAS_PREACT, "export", "--run-dir", run_dir, "--output", output, "--top-k", "3"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     path = os.path.join(output, "digits_resnet20", "1")
     assert f"Exported resnet20 to {path}" in result.stdout
@@ -310,16 +386,27 @@ def test_export_command_exports_a_run_and_predicts_with_the_reloaded_model(tmp_p
     shutil.copytree(run_dir, damaged)
     model_file = damaged / "model.keras"
     model_file.write_bytes(model_file.read_bytes()[:1000])
-    result = subprocess.run([KERAS_PREACT, "export", "--run-dir", str(damaged), "--output", output],
-                            cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [KERAS_PREACT, "export", "--run-dir", str(damaged), "--output", output],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"error: Could not read the run's model {model_file} (a truncated or corrupt file" in result.stderr
 
 
 def test_export_command_without_a_run_is_a_clear_error(tmp_path):
-    result = subprocess.run([KERAS_PREACT, "export", "--run-dir", str(tmp_path / "none")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    result = subprocess.run(
+        [KERAS_PREACT, "export", "--run-dir", str(tmp_path / "none")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert result.returncode == 2
     assert "holds no finished training run" in result.stderr and f"Received: '{tmp_path / 'none'}'" in result.stderr
 
@@ -327,11 +414,14 @@ def test_export_command_without_a_run_is_a_clear_error(tmp_path):
 def test_the_contract_is_importable_without_tensorflow_and_names_every_onnx_model():
     """training.contract: what export writes and serving reads, with no TensorFlow import (an
     onnxruntime server can read it), one ONNX model per image-array signature."""
-    code = ("import sys; from keras_preact_training import contract; "
-            "print(sorted(contract.SIGNATURES), contract.ONNX_MODELS, 'tensorflow' in sys.modules)")
+    code = (
+        "import sys; from keras_preact_training import contract; "
+        "print(sorted(contract.SIGNATURES), contract.ONNX_MODELS, 'tensorflow' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == ("['predict_normalized', 'predict_pixels', 'serving_default'] "
-                                     "('predict_pixels', 'predict_normalized') False")
+    assert result.stdout.strip() == (
+        "['predict_normalized', 'predict_pixels', 'serving_default'] ('predict_pixels', 'predict_normalized') False"
+    )
     assert {contract.SIGNATURES[name].onnx_model for name in contract.SIGNATURES} == set(contract.ONNX_MODELS)
     assert contract.onnx_file("predict_pixels") == os.path.join("onnx", "predict_pixels.onnx")

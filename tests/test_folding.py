@@ -15,11 +15,16 @@ from tests.test_fused import UNIT_KINDS, network
 # the last convolution goes to the addition). A bottleneck unit has three convolutions, and
 # the first unit of each stage a projection shortcut, with a BatchNorm of its own except in (e).
 FOLDED = {
-    ("preactivation", "basic"): 1 + 6 * 1, ("preactivation", "bottleneck"): 1 + 6 * 2,
-    ("original", "basic"): 1 + 6 * 2, ("original", "bottleneck"): 1 + 6 * 3 + 3,
-    ("bn_after_addition", "basic"): 1 + 6 * 1, ("bn_after_addition", "bottleneck"): 1 + 6 * 2 + 3,
-    ("relu_before_addition", "basic"): 1 + 6 * 2, ("relu_before_addition", "bottleneck"): 1 + 6 * 3 + 3,
-    ("relu_only_preactivation", "basic"): 1 + 6 * 2, ("relu_only_preactivation", "bottleneck"): 1 + 6 * 3 + 3,
+    ("preactivation", "basic"): 1 + 6 * 1,
+    ("preactivation", "bottleneck"): 1 + 6 * 2,
+    ("original", "basic"): 1 + 6 * 2,
+    ("original", "bottleneck"): 1 + 6 * 3 + 3,
+    ("bn_after_addition", "basic"): 1 + 6 * 1,
+    ("bn_after_addition", "bottleneck"): 1 + 6 * 2 + 3,
+    ("relu_before_addition", "basic"): 1 + 6 * 2,
+    ("relu_before_addition", "bottleneck"): 1 + 6 * 3 + 3,
+    ("relu_only_preactivation", "basic"): 1 + 6 * 2,
+    ("relu_only_preactivation", "bottleneck"): 1 + 6 * 3 + 3,
 }
 
 
@@ -42,9 +47,17 @@ def inference(model, images):
 
 # Every unit kind as separate units on every backend; as loops of bottleneck units on
 # TensorFlow, and for the original unit (projections included) on every backend.
-CASES = [pytest.param(unit, form, layout, id=f"{unit}-{form}-{layout}",
-                      marks=[pytest.mark.tensorflow] if layout == "loops" and unit != "original" else [])
-         for unit in UNIT_KINDS for form, layout in (("basic", "separate"), ("bottleneck", "loops"))]
+CASES = [
+    pytest.param(
+        unit,
+        form,
+        layout,
+        id=f"{unit}-{form}-{layout}",
+        marks=[pytest.mark.tensorflow] if layout == "loops" and unit != "original" else [],
+    )
+    for unit in UNIT_KINDS
+    for form, layout in (("basic", "separate"), ("bottleneck", "loops"))
+]
 
 
 @pytest.mark.parametrize("unit, form, layout", CASES)
@@ -73,7 +86,7 @@ def test_folded_weights_are_the_formula():
     beta, mean = np.ones((2, 3), "float32"), np.full((2, 3), 2.0, "float32")
     variance = np.array([[3.0, 0.0, 8.0], [1.0, 1.0, 1.0]], "float32")
     folded_kernel, bias = keras_preact.folding.folded_weights(kernel, gamma, beta, mean, variance, epsilon=1.0)
-    scale = np.array([[0.5, 2.0, 1.0], [0.5 ** 1.5, 0.5 ** 1.5, 0.5 ** 1.5]], "float32")
+    scale = np.array([[0.5, 2.0, 1.0], [0.5**1.5, 0.5**1.5, 0.5**1.5]], "float32")
     np.testing.assert_allclose(np.array(folded_kernel), kernel * scale[:, None, None, None, :], rtol=1e-6)
     np.testing.assert_allclose(np.array(bias), 1.0 - 2.0 * scale, rtol=1e-6)
 

@@ -50,12 +50,18 @@ def assert_same_to_rounding(received, expected):
 
 
 def largest_relative_errors(received, reference):
-    return {kind: max(np.linalg.norm(got - want) / np.linalg.norm(want)
-                      for got, want in zip(received[kind], reference[kind], strict=True)) for kind in reference}
+    return {
+        kind: max(
+            np.linalg.norm(got - want) / np.linalg.norm(want)
+            for got, want in zip(received[kind], reference[kind], strict=True)
+        )
+        for kind in reference
+    }
 
 
-CASES = [(unit, "basic", layout, remat) for unit in UNIT_KINDS for layout in ("separate", "loops")
-         for remat in (False, True)] + [("preactivation", "bottleneck", "loops", True)]
+CASES = [
+    (unit, "basic", layout, remat) for unit in UNIT_KINDS for layout in ("separate", "loops") for remat in (False, True)
+] + [("preactivation", "bottleneck", "loops", True)]
 
 
 def case_id(case):
@@ -79,8 +85,9 @@ BFLOAT16_CASES = [("preactivation", "basic", "separate", False), ("original", "b
 
 
 @pytest.mark.tensorflow
-@pytest.mark.parametrize("unit, form, layout, rematerialize", BFLOAT16_CASES,
-                         ids=[case_id(case) for case in BFLOAT16_CASES])
+@pytest.mark.parametrize(
+    "unit, form, layout, rematerialize", BFLOAT16_CASES, ids=[case_id(case) for case in BFLOAT16_CASES]
+)
 def test_fused_is_as_close_to_float32_as_portable_under_mixed_bfloat16(unit, form, layout, rematerialize):
     """bfloat16 rounds each activation to 8 bits: both paths then differ from float32 by far
     more than from each other (outputs 0.5-1.4 %, gradients up to 68 % at initialisation
@@ -124,8 +131,11 @@ def test_the_traced_graph_holds_the_fused_kernel_or_not(fused):
     model = network("preactivation")
     assert walks.set_fused(model, fused) == 13  # the stem's, 2 x 6 units' (of 2 each, less the first) and the final
     for training in (True, False):
-        graph = tf.function(lambda images: model(images, training=training)).get_concrete_function(
-            tf.TensorSpec((None, 16, 16, 3))).graph
+        graph = (
+            tf.function(lambda images: model(images, training=training))
+            .get_concrete_function(tf.TensorSpec((None, 16, 16, 3)))
+            .graph
+        )
         kinds = {operation.type for operation in graph.get_operations()}
         assert ("FusedBatchNormV3" in kinds) == fused, training
 

@@ -21,32 +21,49 @@ playbook = importlib.util.module_from_spec(SPECIFICATION)
 SPECIFICATION.loader.exec_module(playbook)
 
 # Two epochs of 22 steps of the digits, checkpointed every 5 steps (as the zoo's runs every epoch).
-ARGUMENTS = ["--config", "digits_demo", "--set", "duration=2", "--set", "checkpoint_every=5", "--set",
-             "evaluate_every=20", "--set", "log_every=1"]
+ARGUMENTS = [
+    "--config",
+    "digits_demo",
+    "--set",
+    "duration=2",
+    "--set",
+    "checkpoint_every=5",
+    "--set",
+    "evaluate_every=20",
+    "--set",
+    "log_every=1",
+]
 
 
 def test_the_queue_is_read_in_order():
     gpu = [name for name, _ in playbook.queue("gpu")]
     cpu = [name for name, _ in playbook.queue("cpu")]
     assert cpu == [name for name in gpu if name.startswith("zoo-")] and cpu[:2] == ["zoo-resnet110", "zoo-resnet164"]
-    assert dict(playbook.queue("gpu"))["paper-resnet164"] == ["--config", "cifar10_paper", "--model", "resnet164",
-                                                              "--set", "dataset=folder"]
+    assert dict(playbook.queue("gpu"))["paper-resnet164"] == [
+        "--config",
+        "cifar10_paper",
+        "--model",
+        "resnet164",
+        "--set",
+        "dataset=folder",
+    ]
 
 
 def test_the_cpu_queue_runs_its_entries_in_order(tmp_path):
     """scripts/zoo_queue.sh with a Python that records its arguments and finishes each run:
     every "cpu" run of scripts/queue.txt once, in order, with the data and run folders."""
     recorder = tmp_path / "python"
-    recorder.write_text("#!/bin/sh\necho \"$@\" >> \"$RUNS/calls\"\nfor last; do :; done\n"
-                        "echo {} > \"$last/summary.json\"\n")
+    recorder.write_text('#!/bin/sh\necho "$@" >> "$RUNS/calls"\nfor last; do :; done\necho {} > "$last/summary.json"\n')
     recorder.chmod(0o755)
     environment = dict(os.environ, RUNS=str(tmp_path / "runs"), DATA="/data", PYTHON=str(recorder))
     (tmp_path / "runs" / "zoo-resnet110").mkdir(parents=True)
     (tmp_path / "runs" / "zoo-resnet110" / "summary.json").write_text("{}")  # finished: skipped
     subprocess.run([os.path.join(ROOT, "scripts", "zoo_queue.sh")], env=environment, check=True, timeout=60)
     calls = (tmp_path / "runs" / "calls").read_text().splitlines()
-    expected = [f"-m keras_preact_training train {' '.join(arguments)} --data-dir /data --run-dir {tmp_path / 'runs' / name}"
-                for name, arguments in playbook.queue("cpu")[1:]]
+    expected = [
+        f"-m keras_preact_training train {' '.join(arguments)} --data-dir /data --run-dir {tmp_path / 'runs' / name}"
+        for name, arguments in playbook.queue("cpu")[1:]
+    ]
     assert calls == expected
 
 
@@ -58,8 +75,9 @@ def test_the_runs_start_in_the_queues_order_as_many_at_once_as_asked(tmp_path, m
     monkeypatch.setattr(playbook, "REPORT_SECONDS", 0.2)
     entries = [(name, ["--config", "no_such_config"]) for name in ("first", "second")]
     device = tmp_path / "device"
-    playbook.start(0, str(tmp_path / "out"), device_root=str(device), entries=entries, packed=str(tmp_path / "pack"),
-                   concurrent=1)
+    playbook.start(
+        0, str(tmp_path / "out"), device_root=str(device), entries=entries, packed=str(tmp_path / "pack"), concurrent=1
+    )
     started = json.loads((device / "runs" / "processes.json").read_text())
     assert list(started) == ["first"]
     playbook.collect(2, str(tmp_path / "out"), device_root=str(device), entries=entries)
@@ -69,8 +87,14 @@ def test_the_runs_start_in_the_queues_order_as_many_at_once_as_asked(tmp_path, m
 
 
 def train(run_dir):
-    result = subprocess.run([KERAS_PREACT, "train", *ARGUMENTS, "--run-dir", str(run_dir)], cwd=ROOT,
-                            env=ENVIRONMENT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [KERAS_PREACT, "train", *ARGUMENTS, "--run-dir", str(run_dir)],
+        cwd=ROOT,
+        env=ENVIRONMENT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -88,8 +112,13 @@ def test_a_run_started_stopped_landed_and_resumed_on_the_cpu(tmp_path):
     bundled, landed in the CPU's run folder, and finished there by the CPU queue's command."""
     name, cpu_runs = "gpu-digits", tmp_path / "cpu"
     entries = [(name, ARGUMENTS)]
-    cpu = subprocess.Popen([KERAS_PREACT, "train", *ARGUMENTS, "--run-dir", str(cpu_runs / name)], cwd=ROOT,
-                           env=ENVIRONMENT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cpu = subprocess.Popen(
+        [KERAS_PREACT, "train", *ARGUMENTS, "--run-dir", str(cpu_runs / name)],
+        cwd=ROOT,
+        env=ENVIRONMENT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for(cpu_runs / name / "checkpoints" / "ckpt-10.npz")
     cpu.kill()  # the CPU queue's run, stopped when the session ended
     cpu.wait()
@@ -132,11 +161,14 @@ def test_pack_carries_a_tensorflow_checkpoint_as_npz(tmp_path):
     run_dir = tmp_path / "cpu" / "legacy"
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "config.json").write_text("{}")
-    values = {"model": {"0:dense.kernel": tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3))},
-              "optimizer": {"0:sgd.iteration": tf.Variable(np.int64(390))}}
+    values = {
+        "model": {"0:dense.kernel": tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3))},
+        "optimizer": {"0:sgd.iteration": tf.Variable(np.int64(390))},
+    }
     tf.train.Checkpoint(**values).write(str(run_dir / "checkpoints" / "ckpt-390"))
-    playbook.pack(runs=str(tmp_path / "cpu"), wheels=False, archive=None, output=str(tmp_path / "pack"),
-                  entries=[("legacy", [])])
+    playbook.pack(
+        runs=str(tmp_path / "cpu"), wheels=False, archive=None, output=str(tmp_path / "pack"), entries=[("legacy", [])]
+    )
     with np.load(tmp_path / "pack" / "runs" / "legacy" / "checkpoints" / "ckpt-390.npz") as carried:
         np.testing.assert_array_equal(carried["model/0:dense.kernel"], np.arange(6).reshape(2, 3))
         assert int(carried["optimizer/0:sgd.iteration"]) == 390

@@ -36,7 +36,9 @@ def with_zero_gate_kernel(gate):
     ids=lambda value: type(value).__name__ if not isinstance(value, float) else "",
 )
 def test_merge_values(merge, expected):
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(merge(SHORTCUT, RESIDUAL)), np.full(SHORTCUT.shape, expected), rtol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(merge(SHORTCUT, RESIDUAL)), np.full(SHORTCUT.shape, expected), rtol=1e-6
+    )
 
 
 def test_gate_reads_the_shortcut_through_a_1x1_convolution():
@@ -44,7 +46,9 @@ def test_gate_reads_the_shortcut_through_a_1x1_convolution():
     shortcut, residual = random_images((2, 3, 3, 4)), random_images((2, 3, 3, 4), seed=1)
     gate.build(shortcut.shape, residual.shape)
     g = sigmoid(shortcut @ np.array(gate.kernel) - 1.0)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(gate(shortcut, residual)), g * residual + (1 - g) * shortcut, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(gate(shortcut, residual)), g * residual + (1 - g) * shortcut, rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_array_equal(np.array(gate.bias), np.full(4, -1.0))
 
 
@@ -69,8 +73,14 @@ def test_zero_padding_shortcut_subsamples_and_appends_zero_channels():
     "factory, message",
     [
         (lambda: kp.ConstantScaling("half"), "shortcut_scale must be a finite number. Received: shortcut_scale='half'"),
-        (lambda: kp.ConstantScaling(float("nan")), "shortcut_scale must be a finite number. Received: shortcut_scale=nan"),
-        (lambda: kp.ConstantScaling(0.5, True), "residual_scale must be a finite number. Received: residual_scale=True"),
+        (
+            lambda: kp.ConstantScaling(float("nan")),
+            "shortcut_scale must be a finite number. Received: shortcut_scale=nan",
+        ),
+        (
+            lambda: kp.ConstantScaling(0.5, True),
+            "residual_scale must be a finite number. Received: residual_scale=True",
+        ),
         (lambda: kp.ExclusiveGating(gate_bias=None), "gate_bias must be a finite number. Received: gate_bias=None"),
         (lambda: kp.ShortcutOnlyGating(gate_bias=float("-inf")), "Received: gate_bias=-inf"),
         (lambda: kp.ShortcutDropout(float("nan")), "rate must be a number in [0, 1). Received: rate=nan"),

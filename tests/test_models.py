@@ -86,7 +86,8 @@ def test_forward_is_finite_and_every_weight_gets_a_gradient(registered):
     assert np.all(np.isfinite(outputs))
     gradients = output_gradients(model, inputs)
     without_gradient = [
-        variable.path for variable, gradient in zip(model.trainable_variables, gradients)
+        variable.path
+        for variable, gradient in zip(model.trainable_variables, gradients)
         if gradient is None or not np.any(gradient) or not np.all(np.isfinite(gradient))
     ]
     assert without_gradient == []
@@ -98,7 +99,10 @@ def test_keras_save_and_load_give_identical_outputs(registered, tmp_path):
     model.save(path)
     restored = keras.saving.load_model(path)
     assert [layer.name for layer in restored.layers] == [layer.name for layer in model.layers]
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(restored(inputs, training=False)), keras.ops.convert_to_numpy(model(inputs, training=False)))
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(restored(inputs, training=False)),
+        keras.ops.convert_to_numpy(model(inputs, training=False)),
+    )
 
 
 def preactivation_cifar_parameters(architecture, classes=10):
@@ -174,7 +178,13 @@ def test_every_unit_builds_a_network(unit):
 
 @pytest.mark.parametrize(
     "merge",
-    [kp.NoShortcut(), kp.ConstantScaling(0.5, 0.5), kp.ExclusiveGating(-6.0), kp.ShortcutOnlyGating(0.0), kp.ShortcutDropout(0.5)],
+    [
+        kp.NoShortcut(),
+        kp.ConstantScaling(0.5, 0.5),
+        kp.ExclusiveGating(-6.0),
+        kp.ShortcutOnlyGating(0.0),
+        kp.ShortcutDropout(0.5),
+    ],
     ids=lambda merge: type(merge).__name__,
 )
 def test_every_merge_goes_into_every_unit_with_the_network_weight_decay(merge):
@@ -217,14 +227,18 @@ def test_weights_from_a_file_reproduce_the_network(tmp_path):
     model.save_weights(path)
     reloaded = kp.ResNet20(weights=path)
     inputs = random_images((2, 32, 32, 3))
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(reloaded(inputs)), keras.ops.convert_to_numpy(model(inputs)))
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(reloaded(inputs)), keras.ops.convert_to_numpy(model(inputs))
+    )
 
 
 @pytest.mark.parametrize(
     "build, message",
     [
-        (lambda: kp.CifarResNet(100, form="bottleneck"),
-         "depth must be 9n+2 for bottleneck networks (11, 20, 29, ...). Received: depth=100"),
+        (
+            lambda: kp.CifarResNet(100, form="bottleneck"),
+            "depth must be 9n+2 for bottleneck networks (11, 20, 29, ...). Received: depth=100",
+        ),
         (lambda: kp.CifarResNet(21), "depth must be 6n+2 for basic networks (8, 14, 20, ...). Received: depth=21"),
         (lambda: kp.ResNet110(unit="postact"), "unit must be one of ['original', "),
         (lambda: kp.ResNet110(unit="postact"), "Received: unit='postact'"),
@@ -237,11 +251,15 @@ def test_weights_from_a_file_reproduce_the_network(tmp_path):
         (lambda: kp.ResNet20(input_shape=(2, 2, 3)), "height and width None or >= 4"),
         (lambda: kp.ResNet50(input_shape=(16, 16, 3)), "Received: input_shape=(16, 16, 3)"),
         (lambda: kp.ResNet20(input_shape=(32, 32, None)), "known number of channels"),
-        (lambda: kp.ResNet20(weights="imagenet"), "or one of ['cifar10'] for keras-preact's trained weights. "
-                                                  "Received: weights='imagenet'"),
+        (
+            lambda: kp.ResNet20(weights="imagenet"),
+            "or one of ['cifar10'] for keras-preact's trained weights. Received: weights='imagenet'",
+        ),
         (lambda: kp.ResNet20(include_preprocessing=1), "Received: include_preprocessing=1"),
-        (lambda: kp.ResNet20(include_preprocessing=True, input_shape=(32, 32, 1)),
-         "needs 3 channels. Received: input_shape=(32, 32, 1)"),
+        (
+            lambda: kp.ResNet20(include_preprocessing=True, input_shape=(32, 32, 1)),
+            "needs 3 channels. Received: input_shape=(32, 32, 1)",
+        ),
         (lambda: kp.ResNet20(pooling="mean"), "Received: pooling='mean'"),
         (lambda: kp.ResNet20(merge="gating"), "Received: merge='gating'"),
         (lambda: kp.ResNet20(shortcut="zero_pad"), "Received: shortcut='zero_pad'"),
@@ -249,8 +267,10 @@ def test_weights_from_a_file_reproduce_the_network(tmp_path):
         (lambda: kp.ResNet("resnet9"), "Received: architecture='resnet9'"),
         (lambda: kp.get_model("resnet9000"), "Unknown model. Choose one of ['resnet1001', "),
         (lambda: kp.ResNet20(input_tensor=np.zeros((1, 32, 32, 3))), "input_tensor must be a Keras tensor"),
-        (lambda: kp.ResNet20(input_tensor=keras.Input((32, 32, 3)), input_shape=(64, 64, 3)),
-         "input_shape must match input_tensor's shape (32, 32, 3)"),
+        (
+            lambda: kp.ResNet20(input_tensor=keras.Input((32, 32, 3)), input_shape=(64, 64, 3)),
+            "input_shape must match input_tensor's shape (32, 32, 3)",
+        ),
     ],
 )
 def test_bad_arguments_raise_clear_errors(build, message):

@@ -8,14 +8,41 @@ import zipfile
 
 from tests.conftest import KERAS_PREACT, ROOT
 
-SUBCOMMANDS = ("train", "configs", "diagnose", "evaluate", "publish", "zoo", "compare", "export", "serve", "query",
-               "tune", "ablate")
+SUBCOMMANDS = (
+    "train",
+    "configs",
+    "diagnose",
+    "evaluate",
+    "publish",
+    "zoo",
+    "compare",
+    "export",
+    "serve",
+    "query",
+    "tune",
+    "ablate",
+)
 
 
 def build_wheel(folder):
     """The wheel pip would install, built from the repository (no network: this Python's setuptools)."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps",
-                    "--no-build-isolation", ROOT, "-w", str(folder)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--no-build-isolation",
+            ROOT,
+            "-w",
+            str(folder),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = [name for name in os.listdir(folder) if name.endswith(".whl")]
     return os.path.join(folder, wheel)
 
@@ -34,9 +61,16 @@ def test_a_users_own_training_module_and_the_package_do_not_shadow_each_other(tm
     """From a folder holding the user's training.py, `import training` is theirs and the
     console command still runs ours."""
     (tmp_path / "training.py").write_text("WHOSE = 'the user'\n")
-    theirs = subprocess.run([sys.executable, "-c", "import training, keras_preact_training.configs as ours; "
-                             "print(training.WHOSE, sorted(ours.CONFIGS)[0])"],
-                            cwd=tmp_path, capture_output=True, text=True)
+    theirs = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import training, keras_preact_training.configs as ours; print(training.WHOSE, sorted(ours.CONFIGS)[0])",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert theirs.returncode == 0, theirs.stderr
     assert theirs.stdout.split() == ["the", "user", "cifar100_paper"]
     result = subprocess.run([KERAS_PREACT, "--help"], cwd=tmp_path, capture_output=True, text=True)
@@ -56,8 +90,9 @@ def test_the_library_and_training_without_tensorflow_need_no_tensorflow(tmp_path
     PyTorch) ask for no TensorFlow; the `tensorflow` and `training` extras do."""
     with zipfile.ZipFile(build_wheel(tmp_path)) as wheel:
         metadata = wheel.read(next(name for name in wheel.namelist() if name.endswith(".dist-info/METADATA")))
-    requirements = [line.split(":", 1)[1].strip() for line in metadata.decode().splitlines()
-                    if line.startswith("Requires-Dist:")]
+    requirements = [
+        line.split(":", 1)[1].strip() for line in metadata.decode().splitlines() if line.startswith("Requires-Dist:")
+    ]
     extras = {}
     for requirement in requirements:
         name, _, marker = requirement.partition(";")

@@ -39,8 +39,11 @@ def values(model):
 
 def test_cifar10_weights_load_into_the_network_they_were_trained_as(shipped):
     trained, _ = shipped
-    for model in (keras_preact.ResNet20(weights="cifar10"), keras_preact.get_model("resnet20", weights="cifar10"),
-                  keras_preact.ResNet20(weights="cifar10", classifier_activation=None, rematerialize=True)):
+    for model in (
+        keras_preact.ResNet20(weights="cifar10"),
+        keras_preact.get_model("resnet20", weights="cifar10"),
+        keras_preact.ResNet20(weights="cifar10", classifier_activation=None, rematerialize=True),
+    ):
         for got, want in zip(values(model), values(trained), strict=True):
             np.testing.assert_array_equal(got, want)
 
@@ -51,8 +54,11 @@ def test_a_changed_byte_is_refused_with_the_file_and_the_expected_hash(shipped):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 1
     path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match=f"The weights file {path} is corrupt or was altered: its SHA-256 is "
-                                         f"[0-9a-f]{{64}}, the registry's {expected}"):
+    with pytest.raises(
+        ValueError,
+        match=f"The weights file {path} is corrupt or was altered: its SHA-256 is "
+        f"[0-9a-f]{{64}}, the registry's {expected}",
+    ):
         keras_preact.ResNet20(weights="cifar10")
     path.write_bytes(bytes(data[:1000]))  # truncated
     with pytest.raises(ValueError, match="corrupt or was altered"):
@@ -62,17 +68,25 @@ def test_a_changed_byte_is_refused_with_the_file_and_the_expected_hash(shipped):
         keras_preact.ResNet20(weights="cifar10")
 
 
-@pytest.mark.parametrize("build, received", [
-    (lambda: keras_preact.ResNet56(weights="cifar10"), "model='resnet56'"),
-    (lambda: keras_preact.ResNet20(unit="original", weights="cifar10"), "model='resnet20_original'"),
-    (lambda: keras_preact.ResNet20(classes=100, weights="cifar10"), "classes=100 (the weights have 10)"),
-    (lambda: keras_preact.ResNet20(input_shape=(64, 64, 3), weights="cifar10"),
-     "input_shape=(64, 64, 3) (the weights take (32, 32, 3))"),
-    (lambda: keras_preact.ResNet20(shortcut="projection", weights="cifar10"),
-     "shortcut='projection', downsample_shortcut='projection'"),
-    (lambda: keras_preact.ResNet20(merge=keras_preact.ConstantScaling(0.5, 0.5), weights="cifar10"), "merge="),
-    (lambda: keras_preact.ResNet(keras_preact.ARCHITECTURES["resnet20"], weights="cifar10"), "model=None"),
-], ids=["other depth", "other unit", "other classes", "other input", "projection shortcuts", "scaling", "unnamed"])
+@pytest.mark.parametrize(
+    "build, received",
+    [
+        (lambda: keras_preact.ResNet56(weights="cifar10"), "model='resnet56'"),
+        (lambda: keras_preact.ResNet20(unit="original", weights="cifar10"), "model='resnet20_original'"),
+        (lambda: keras_preact.ResNet20(classes=100, weights="cifar10"), "classes=100 (the weights have 10)"),
+        (
+            lambda: keras_preact.ResNet20(input_shape=(64, 64, 3), weights="cifar10"),
+            "input_shape=(64, 64, 3) (the weights take (32, 32, 3))",
+        ),
+        (
+            lambda: keras_preact.ResNet20(shortcut="projection", weights="cifar10"),
+            "shortcut='projection', downsample_shortcut='projection'",
+        ),
+        (lambda: keras_preact.ResNet20(merge=keras_preact.ConstantScaling(0.5, 0.5), weights="cifar10"), "merge="),
+        (lambda: keras_preact.ResNet(keras_preact.ARCHITECTURES["resnet20"], weights="cifar10"), "model=None"),
+    ],
+    ids=["other depth", "other unit", "other classes", "other input", "projection shortcuts", "scaling", "unnamed"],
+)
 def test_another_network_is_refused_with_the_list_of_shipped_networks(shipped, build, received):
     with pytest.raises(ValueError) as error:
         build()
@@ -87,7 +101,9 @@ def test_without_the_top_every_weight_but_the_classifier_loads(shipped):
     assert "predictions" not in [layer.name for layer in headless.layers]
     images = random_images((2, 32, 32, 3), seed=1)
     features = keras.Model(trained.input, trained.get_layer("avg_pool").output)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(headless(images)), keras.ops.convert_to_numpy(features(images)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(headless(images)), keras.ops.convert_to_numpy(features(images)), rtol=1e-6, atol=1e-6
+    )
     # A new classifier for another task on top: the usual transfer set-up.
     assert keras_preact.ResNet20(include_top=False, weights="cifar10").output_shape == (None, 8, 8, 64)
 
@@ -96,7 +112,9 @@ def test_units_as_loops_load_the_same_weights(shipped):
     trained, _ = shipped
     looped = keras_preact.ResNet20(scan_units=True, weights="cifar10")
     images = random_images((2, 32, 32, 3), seed=2)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(looped(images)), keras.ops.convert_to_numpy(trained(images)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(looped(images)), keras.ops.convert_to_numpy(trained(images)), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_include_preprocessing_equals_preprocess_input_and_the_plain_model(shipped):
@@ -104,14 +122,20 @@ def test_include_preprocessing_equals_preprocess_input_and_the_plain_model(shipp
     inside = keras_preact.ResNet20(include_preprocessing=True, weights="cifar10")
     plain = keras_preact.ResNet20(weights="cifar10")
     assert inside.layers[1].name == "preprocessing"
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(inside(pixels)), keras.ops.convert_to_numpy(plain(keras_preact.preprocess_input(pixels))),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(inside(pixels)),
+        keras.ops.convert_to_numpy(plain(keras_preact.preprocess_input(pixels))),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_preprocess_input_by_hand():
     pixels = np.array([[[[0, 128, 255]]]], "uint8")
     expected = (np.array([0.0, 128.0, 255.0]) - np.array(defaults.CIFAR10_MEAN)) / np.array(defaults.CIFAR10_STD)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras_preact.preprocess_input(pixels))[0, 0, 0], expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(keras_preact.preprocess_input(pixels))[0, 0, 0], expected, rtol=1e-6
+    )
     assert defaults.CIFAR10_MEAN == (125.3, 123.0, 113.9) and defaults.CIFAR10_STD == (63.0, 62.1, 66.7)
     with pytest.raises(ValueError, match="images must have 3 channels, last. Received: images of shape .1, 1, 3, 1."):
         keras_preact.preprocess_input(np.zeros((1, 1, 3, 1)))
@@ -120,14 +144,24 @@ def test_preprocess_input_by_hand():
 
 
 def test_decode_predictions():
-    scores = np.array([[0.01, 0.02, 0.1, 0.6, 0.02, 0.2, 0.01, 0.01, 0.02, 0.01],
-                       [0.9, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.05, 0.05]], "float32")
+    scores = np.array(
+        [
+            [0.01, 0.02, 0.1, 0.6, 0.02, 0.2, 0.01, 0.01, 0.02, 0.01],
+            [0.9, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.05, 0.05],
+        ],
+        "float32",
+    )
     decoded = keras_preact.decode_predictions(scores, top=3)
     assert [[(index, name) for index, name, _ in row] for row in decoded] == [
-        [(3, "cat"), (5, "dog"), (2, "bird")], [(0, "airplane"), (8, "ship"), (9, "truck")]]
+        [(3, "cat"), (5, "dog"), (2, "bird")],
+        [(0, "airplane"), (8, "ship"), (9, "truck")],
+    ]
     assert decoded[0][0][2] == pytest.approx(0.6)
-    with pytest.raises(ValueError, match=r"predictions must be \(images, 10\) for cifar10. Received: predictions of "
-                                         r"shape \(2, 5\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"predictions must be \(images, 10\) for cifar10. Received: predictions of "
+        r"shape \(2, 5\)",
+    ):
         keras_preact.decode_predictions(scores[:, :5])
     with pytest.raises(ValueError, match="top must be an integer from 1 to 10. Received: top=11"):
         keras_preact.decode_predictions(scores, top=11)
@@ -162,31 +196,46 @@ def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
     from keras_preact_training import zoo
 
     def entry(test_error, flip_test_error, **config):
-        recipe = dict(duration=30, schedule_unit="epochs", schedule="cosine", weight_decay=0.0005, scan_units=None,
-                      checkpoint_every=390)
+        recipe = dict(
+            duration=30,
+            schedule_unit="epochs",
+            schedule="cosine",
+            weight_decay=0.0005,
+            scan_units=None,
+            checkpoint_every=390,
+        )
         return dict(test_error=test_error, flip_test_error=flip_test_error, parameters=1, config=dict(recipe, **config))
 
-    registry = {"cifar10": {
-        # The same recipe logged and laid out otherwise: compared.
-        "resnet20": entry(0.1012, 0.0951, model="resnet20", scan_units=False),
-        "resnet20_original": entry(0.1034, 0.0967, model="resnet20_original", checkpoint_every=195),
-        # Another weight decay: not the same recipe, left out; a depth with one unit: left out.
-        "resnet56": entry(0.08, 0.07, model="resnet56"),
-        "resnet56_original": entry(0.09, 0.08, model="resnet56_original", weight_decay=0.0001),
-        "resnet110": entry(0.07, 0.06, model="resnet110"),
-    }}
+    registry = {
+        "cifar10": {
+            # The same recipe logged and laid out otherwise: compared.
+            "resnet20": entry(0.1012, 0.0951, model="resnet20", scan_units=False),
+            "resnet20_original": entry(0.1034, 0.0967, model="resnet20_original", checkpoint_every=195),
+            # Another weight decay: not the same recipe, left out; a depth with one unit: left out.
+            "resnet56": entry(0.08, 0.07, model="resnet56"),
+            "resnet56_original": entry(0.09, 0.08, model="resnet56_original", weight_decay=0.0001),
+            "resnet110": entry(0.07, 0.06, model="resnet110"),
+        }
+    }
     assert zoo.unit_comparison_table(registry).splitlines()[2:] == [
-        "| resnet20 | 10.34 | 10.12 | +0.22 | 9.67 / 9.51 | 8.75 (He 2015) / none | 30 epochs, cosine |"]
+        "| resnet20 | 10.34 | 10.12 | +0.22 | 9.67 / 9.51 | 8.75 (He 2015) / none | 30 epochs, cosine |"
+    ]
     # No pair: a row says so, rather than a table of headers alone.
     unpaired = {"cifar10": {name: registry["cifar10"][name] for name in ("resnet20", "resnet56_original")}}
     assert zoo.unit_comparison_table(unpaired).splitlines()[2:] == [
-        "| none yet: no depth is shipped with both units trained by one recipe | | | | | | |"]
+        "| none yet: no depth is shipped with both units trained by one recipe | | | | | | |"
+    ]
     # Table 3's own rows where the paper has both units; the original's where it has one.
     registry["cifar10"]["resnet110_original"] = entry(0.0712, 0.0655, model="resnet110_original")
     assert zoo.unit_comparison_table(registry).splitlines()[3] == (
-        "| resnet110 | 7.12 | 7.00 | +0.12 | 6.55 / 6.00 | 6.61 (Table 3) / 6.37 (Table 3) | 30 epochs, cosine |")
+        "| resnet110 | 7.12 | 7.00 | +0.12 | 6.55 / 6.00 | 6.61 (Table 3) / 6.37 (Table 3) | 30 epochs, cosine |"
+    )
     assert [zoo.paper_error(name) for name in ("resnet56", "resnet56_original", "resnet110_original", "resnet32")] == [
-        "6.97 (He 2015, original)", "6.97 (He 2015)", "6.61 (Table 3)", ""]
+        "6.97 (He 2015, original)",
+        "6.97 (He 2015)",
+        "6.61 (Table 3)",
+        "",
+    ]
 
 
 @pytest.fixture
@@ -248,8 +297,10 @@ def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_c
     assert result["error"] == pytest.approx(np.mean(predicted != labels), abs=1e-9)
     assert result["flip_error"] == pytest.approx(np.mean(flipped != labels), abs=1e-9)
     assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(small_cifar), "--flip"]) == 0
-    assert ("with the test-time flip (mean of an image's and its mirror's probabilities): test error "
-            f"{100 * np.mean(flipped != labels):.2f} %") in capsys.readouterr().out
+    assert (
+        "with the test-time flip (mean of an image's and its mirror's probabilities): test error "
+        f"{100 * np.mean(flipped != labels):.2f} %"
+    ) in capsys.readouterr().out
 
 
 @pytest.mark.tensorflow
@@ -265,8 +316,10 @@ def test_evaluate_split_train_measures_the_training_images(small_cifar, capsys):
     assert result["split"] == "train" and result["images"] == 50
     assert result["error"] == pytest.approx(np.mean(predicted != labels), abs=1e-9)
     assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(small_cifar), "--split", "train"]) == 0
-    assert (f"resnet20 (cifar10): training-set error {100 * np.mean(predicted != labels):.2f} % on 50 images"
-            in capsys.readouterr().out)
+    assert (
+        f"resnet20 (cifar10): training-set error {100 * np.mean(predicted != labels):.2f} % on 50 images"
+        in capsys.readouterr().out
+    )
     with pytest.raises(ValueError, match=r"split must be one of \['test', 'train'\]. Received: split='validation'"):
         evaluate.evaluate("resnet20", "cifar10", data_dir=str(small_cifar), split="validation")
 
@@ -284,18 +337,24 @@ def test_evaluate_computes_in_the_precision_asked_and_leaves_keras_policy_alone(
         return built[-1]
 
     monkeypatch.setattr(keras_preact, "get_model", recording_get_model)
-    result = evaluate.evaluate("resnet20", "cifar10", data_dir=str(small_cifar), batch_size=7,
-                               precision="mixed_bfloat16")
+    result = evaluate.evaluate(
+        "resnet20", "cifar10", data_dir=str(small_cifar), batch_size=7, precision="mixed_bfloat16"
+    )
     assert built[-1].dtype_policy.name == "mixed_bfloat16" and keras.config.dtype_policy().name == "float32"
     pixels, labels = decoded_jpegs(small_cifar / "test")
     logits = keras.ops.convert_to_numpy(built[-1](pixels.astype("float32"))).astype("float32")
     float32_logits = keras.ops.convert_to_numpy(
         keras_preact.ResNet20(weights="cifar10", include_preprocessing=True, classifier_activation=None)(
-            pixels.astype("float32")))
+            pixels.astype("float32")
+        )
+    )
     assert np.max(np.abs(logits - float32_logits)) > 1e-3  # bfloat16's rounding, not float32's
     assert result["error"] == pytest.approx(np.mean(np.argmax(logits, axis=-1) != labels), abs=1e-9)
-    with pytest.raises(ValueError, match=r"precision must be one of \['float32', 'mixed_bfloat16', "
-                                         r"'mixed_float16'\]. Received: precision='bfloat16'"):
+    with pytest.raises(
+        ValueError,
+        match=r"precision must be one of \['float32', 'mixed_bfloat16', "
+        r"'mixed_float16'\]. Received: precision='bfloat16'",
+    ):
         evaluate.evaluate("resnet20", "cifar10", data_dir=str(small_cifar), precision="bfloat16")
 
 
@@ -322,25 +381,53 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     monkeypatch.setattr(pretrained, "WEIGHTS_DIRECTORY", str(tmp_path / "weights"))
     monkeypatch.setattr(pretrained, "REGISTRY_FILE", str(tmp_path / "weights" / "registry.json"))
     run_dir = tmp_path / "run"
-    arguments = ["train", "--config", "cifar10_cpu", "--model", "resnet20", "--data-dir", str(small_cifar),
-                 "--run-dir", str(run_dir), "--set", "batch_size=10", "--set", "duration=1", "--set", "warmup=0"]
+    arguments = [
+        "train",
+        "--config",
+        "cifar10_cpu",
+        "--model",
+        "resnet20",
+        "--data-dir",
+        str(small_cifar),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "batch_size=10",
+        "--set",
+        "duration=1",
+        "--set",
+        "warmup=0",
+    ]
     assert cli.main(arguments) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["command"] == "keras-preact " + " ".join(arguments)
-    with pytest.raises(ValueError, match="name must be the run's network, 'resnet20'.*"
-                                         "Received: name='resnet20_original'"):
+    with pytest.raises(
+        ValueError, match="name must be the run's network, 'resnet20'.*Received: name='resnet20_original'"
+    ):
         zoo.publish(str(run_dir), "resnet20_original")
 
     # `keras-preact publish` in a fresh process: the zoo module reads a run's
     # model.keras (augmentation layers and all) with what it imports itself.
-    fresh = subprocess.run([sys.executable, "-c", "import sys, keras; from keras_preact_training import zoo; "
-                            "keras.saving.load_model(sys.argv[1])", str(run_dir / "model.keras")],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300,
-                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    fresh = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, keras; from keras_preact_training import zoo; keras.saving.load_model(sys.argv[1])",
+            str(run_dir / "model.keras"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert fresh.returncode == 0, fresh.stderr[-2000:]
 
-    with pytest.raises(ValueError, match=r"^images_per_second must be a positive number. Received: "
-                                         r"images_per_second=0$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^images_per_second must be a positive number. Received: "
+        r"images_per_second=0$",
+    ):
         zoo.publish(str(run_dir), "resnet20", images_per_second=0)
     entry = zoo.publish(str(run_dir), "resnet20", images_per_second=0.05)
     shipped = tmp_path / "weights" / "cifar10_resnet20.weights.h5"
@@ -348,8 +435,10 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     assert entry["bytes"] == shipped.stat().st_size and entry["parameters"] == 269_722
     assert abs(entry["test_error"] - summary["test_error"]) <= zoo.AGREEMENT
     # The command as a user types it: the data folder by its name, no run folder of this machine.
-    assert entry["command"] == (f"keras-preact train --config cifar10_cpu --model resnet20 --data-dir "
-                                f"{small_cifar.name} --set batch_size=10 --set duration=1 --set warmup=0")
+    assert entry["command"] == (
+        f"keras-preact train --config cifar10_cpu --model resnet20 --data-dir "
+        f"{small_cifar.name} --set batch_size=10 --set duration=1 --set warmup=0"
+    )
     assert entry["config"]["model"] == "resnet20" and entry["config"]["data_dir"] == small_cifar.name
     assert entry["data"] == zoo.DATA_DESCRIPTION
     # The hours the run's images take alone at (a slow) 0.05 images/s: 1 epoch of 50 images.
@@ -360,7 +449,8 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
         f"| resnet20 | pre-activation | 0.27M | **{100 * entry['test_error']:.2f}** | "
         f"{100 * entry['flip_test_error']:.2f} | 8.75 (He 2015, original) | 8.27 | "
         f"7.4 | {entry['training_hours']:.1f} | {entry['hours_alone']:.2f} (0.05) | `keras-preact train --config cifar10_cpu --model resnet20 --set "
-        f"batch_size=10 --set duration=1 --set warmup=0` (1 epochs, step) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |")
+        f"batch_size=10 --set duration=1 --set warmup=0` (1 epochs, step) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |"
+    )
     network = keras.saving.load_model(run_dir / "model.keras").layers[-1]
     loaded = keras_preact.ResNet20(weights="cifar10", classifier_activation=None)
     for got, want in zip(values(loaded), values(network), strict=True):
@@ -376,13 +466,18 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
         return evaluate_as_written(*arguments, **keywords)
 
     monkeypatch.setattr(evaluate, "evaluate", recording_evaluate)
-    bfloat16_error = evaluate_as_written("resnet20", str(shipped), data_dir=str(small_cifar),
-                                         precision="mixed_bfloat16")["error"]
+    bfloat16_error = evaluate_as_written(
+        "resnet20", str(shipped), data_dir=str(small_cifar), precision="mixed_bfloat16"
+    )["error"]
     summary["config"]["precision"], summary["test_error"] = "mixed_bfloat16", bfloat16_error + 0.01
     (run_dir / "summary.json").write_text(json.dumps(summary))
-    with pytest.raises(ValueError, match=re.escape(
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             f"The shipped file's test error in the run's precision, mixed_bfloat16 ({100 * bfloat16_error:.2f} %), "
-            f"differs from the run's ({100 * bfloat16_error + 1:.2f} %)")):
+            f"differs from the run's ({100 * bfloat16_error + 1:.2f} %)"
+        ),
+    ):
         zoo.publish(str(run_dir), "resnet20")
     assert precisions == ["float32", "mixed_bfloat16"]
     summary["test_error"] = bfloat16_error
@@ -420,23 +515,35 @@ def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipp
     for image, ranked, want, line in zip(images, classified, expected, printed[-10:], strict=True):
         assert [name for name, _ in ranked[:3]] == [name for _, name, _ in want]
         np.testing.assert_allclose([score for _, score in ranked[:3]], [score for *_, score in want], atol=1e-5)
-        assert line.replace(",", "").split() == [image, *[part for name, score in ranked[:3] for part in (name, f"{score:.1%}")]]
+        assert line.replace(",", "").split() == [
+            image,
+            *[part for name, score in ranked[:3] for part in (name, f"{score:.1%}")],
+        ]
 
 
 @pytest.mark.tensorflow
-@pytest.mark.parametrize("arguments, message", [
-    (["--model", "resnet20"], "export needs either --run-dir .* or --model with --weights"),
-    (["--run-dir", "runs/demo", "--model", "resnet20", "--weights", "cifar10"], "export needs either"),
-    (["--model", "resnet56", "--weights", "cifar10"], "ships cifar10 weights for these networks only, .*: resnet20. "
-                                                      "Received: model='resnet56'"),
-    (["--model", "resnet20", "--weights", "cifar10", "--images", "nowhere.jpg"], "No image file 'nowhere.jpg'"),
-    (["--model", "resnet20", "--weights", "cifar10", "--name", "../../outside"],
-     r"name must be one folder name .*\. Received: name='\.\./\.\./outside'"),
-    (["--model", "resnet20", "--weights", "cifar10", "--name", "/tmp/absolute"], "Received: name='/tmp/absolute'"),
-    (["--model", "resnet20", "--weights", "cifar10", "--name", ".hidden"], "Received: name='.hidden'"),
-    (["--model", "resnet20", "--weights", "cifar10", "--images", __file__],
-     "test_pretrained.py is not a JPEG, PNG, GIF or BMP image TensorFlow decodes"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--model", "resnet20"], "export needs either --run-dir .* or --model with --weights"),
+        (["--run-dir", "runs/demo", "--model", "resnet20", "--weights", "cifar10"], "export needs either"),
+        (
+            ["--model", "resnet56", "--weights", "cifar10"],
+            "ships cifar10 weights for these networks only, .*: resnet20. Received: model='resnet56'",
+        ),
+        (["--model", "resnet20", "--weights", "cifar10", "--images", "nowhere.jpg"], "No image file 'nowhere.jpg'"),
+        (
+            ["--model", "resnet20", "--weights", "cifar10", "--name", "../../outside"],
+            r"name must be one folder name .*\. Received: name='\.\./\.\./outside'",
+        ),
+        (["--model", "resnet20", "--weights", "cifar10", "--name", "/tmp/absolute"], "Received: name='/tmp/absolute'"),
+        (["--model", "resnet20", "--weights", "cifar10", "--name", ".hidden"], "Received: name='.hidden'"),
+        (
+            ["--model", "resnet20", "--weights", "cifar10", "--images", __file__],
+            "test_pretrained.py is not a JPEG, PNG, GIF or BMP image TensorFlow decodes",
+        ),
+    ],
+)
 def test_export_of_shipped_weights_refuses_bad_input(shipped, tmp_path, capsys, arguments, message):
     from keras_preact_training import cli
 
@@ -445,8 +552,10 @@ def test_export_of_shipped_weights_refuses_bad_input(shipped, tmp_path, capsys, 
 
 
 SHIPPED = pretrained.shipped_networks("cifar10")
-NOTHING_SHIPPED = pytest.param(None, marks=pytest.mark.skip(
-    reason="no network's trained weights are shipped yet (keras_preact/weights/registry.json)"))
+NOTHING_SHIPPED = pytest.param(
+    None,
+    marks=pytest.mark.skip(reason="no network's trained weights are shipped yet (keras_preact/weights/registry.json)"),
+)
 
 
 @pytest.mark.parametrize("name", SHIPPED or [NOTHING_SHIPPED])
@@ -469,8 +578,11 @@ def test_exported_shipped_network_classifies_real_jpegs_as_keras(cifar_folder, t
 
     from keras_preact_training import export, input_tensorflow
 
-    paths = [os.path.join(cifar_folder, "test", label, f"{index:04d}.jpg")
-             for label in pretrained.CIFAR10_CLASSES for index in range(10)]
+    paths = [
+        os.path.join(cifar_folder, "test", label, f"{index:04d}.jpg")
+        for label in pretrained.CIFAR10_CLASSES
+        for index in range(10)
+    ]
     version = export.export_shipped(name, output=str(tmp_path), verbose=False)
     classified = export.classify(version, export.read_image_files(paths))
     pixels = np.stack([np.array(input_tensorflow.decode_image(tf.io.read_file(path), 3)) for path in paths])

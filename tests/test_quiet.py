@@ -33,16 +33,19 @@ print("tensorflow loaded:", "tensorflow" in sys.modules)
 def run_quietly(code, backend, cwd=ROOT):
     environment = {name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"}
     environment["KERAS_BACKEND"] = backend
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=environment, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=environment, capture_output=True, text=True, timeout=600
+    )
 
 
 def readme_quick_start(number):
     return BLOCK.findall(read(README))[number - 1]
 
 
-@pytest.mark.skipif("resnet20" not in pretrained.shipped_networks("cifar10"),
-                    reason="the zoo ships no CIFAR-10 ResNet-20 (keras_preact/weights/registry.json)")
+@pytest.mark.skipif(
+    "resnet20" not in pretrained.shipped_networks("cifar10"),
+    reason="the zoo ships no CIFAR-10 ResNet-20 (keras_preact/weights/registry.json)",
+)
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 def test_the_quick_start_prints_nothing_and_loads_tensorflow_only_on_its_backend(backend):
     result = run_quietly(readme_quick_start(2) + FIRST_STEPS, backend)
@@ -64,8 +67,10 @@ def test_the_training_quick_start_prints_nothing_on_standard_error(tmp_path):
 def test_tensorflow_loaded_before_keras_preact_finds_its_devices_quietly():
     """Keras imported first prints TensorFlow's start-up lines (Keras' own import); the first
     device query, which prints the CUDA probe's error line, is then keras_preact's, held."""
-    code = ("import sys, keras\nprint('--- keras_preact', file=sys.stderr)\nimport keras_preact\n"
-            "keras_preact.ResNet20().predict(__import__('numpy').zeros((1, 32, 32, 3)), verbose=0)\n")
+    code = (
+        "import sys, keras\nprint('--- keras_preact', file=sys.stderr)\nimport keras_preact\n"
+        "keras_preact.ResNet20().predict(__import__('numpy').zeros((1, 32, 32, 3)), verbose=0)\n"
+    )
     result = run_quietly(code, "tensorflow")
     assert result.returncode == 0, result.stderr
     assert result.stderr.split("--- keras_preact\n")[1] == ""
@@ -75,9 +80,12 @@ def test_a_failed_tensorflow_load_shows_what_it_printed(tmp_path):
     """The lines held while TensorFlow loads are shown when the load fails."""
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(
-        "import os\nos.write(2, b'a line of the failed load\\n')\nraise ImportError('broken TensorFlow')\n")
-    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport keras_preact\n"
-            "try:\n    import tensorflow\nexcept ImportError as error:\n    print(error)\n")
+        "import os\nos.write(2, b'a line of the failed load\\n')\nraise ImportError('broken TensorFlow')\n"
+    )
+    code = (
+        f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport keras_preact\n"
+        "try:\n    import tensorflow\nexcept ImportError as error:\n    print(error)\n"
+    )
     result = run_quietly(code, "jax")
     assert result.stdout == "broken TensorFlow\n"
     assert result.stderr == "a line of the failed load\n"

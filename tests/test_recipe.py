@@ -53,8 +53,10 @@ def test_cosine_schedule_by_hand():
         [0.01, 0.01, 0.1, 0.1 * (1 + np.cos(np.pi / 4)) / 2, 0.05, 0.1 * (1 - np.cos(np.pi / 4)) / 2, 0.0], abs=1e-7
     )
     assert recipe.WarmupCosineDecay(**schedule.get_config()).get_config() == schedule.get_config()
-    with pytest.raises(ValueError, match="warmup_steps must be at least 0 and less than total_steps .1000.. "
-                                         "Received: warmup_steps=1000"):
+    with pytest.raises(
+        ValueError,
+        match="warmup_steps must be at least 0 and less than total_steps .1000.. Received: warmup_steps=1000",
+    ):
         recipe.WarmupCosineDecay(0.1, total_steps=1000, warmup_steps=1000)
 
 
@@ -64,24 +66,30 @@ def test_cpu_config_shortens_the_paper_schedule_in_proportion():
     schedule = recipe.schedule(config, steps_per_epoch=390)
     assert config.total_steps(390) == 11700
     assert learning_rates(schedule, [389, 390, 5849, 5850, 8774, 8775]) == pytest.approx(
-        [0.01, 0.1, 0.1, 0.01, 0.01, 0.001])
+        [0.01, 0.1, 0.1, 0.01, 0.01, 0.001]
+    )
     assert (config.decay_boundaries[0] / config.duration, config.decay_boundaries[1] / config.duration) == (
-        PAPER.decay_boundaries[0] / PAPER.duration, PAPER.decay_boundaries[1] / PAPER.duration)
+        PAPER.decay_boundaries[0] / PAPER.duration,
+        PAPER.decay_boundaries[1] / PAPER.duration,
+    )
 
 
 def test_the_zoo_recipe_is_the_cpu_recipe_with_the_search_choices():
     """cifar10_zoo differs from cifar10_cpu by what the validation search chose (docs/zoo.md) and
     its length; its optimizer is Nesterov SGD taking over weight decay 5e-4."""
     zoo, cpu = configs.CONFIGS["cifar10_zoo"], configs.CONFIGS["cifar10_cpu"]
-    changed = {field.name: getattr(zoo, field.name) for field in dataclasses.fields(zoo)
-               if getattr(zoo, field.name) != getattr(cpu, field.name)}
-    assert changed == dict(schedule="cosine", nesterov=True, weight_decay=5e-4, precision="mixed_bfloat16",
-                           duration=60)
+    changed = {
+        field.name: getattr(zoo, field.name)
+        for field in dataclasses.fields(zoo)
+        if getattr(zoo, field.name) != getattr(cpu, field.name)
+    }
+    assert changed == dict(schedule="cosine", nesterov=True, weight_decay=5e-4, precision="mixed_bfloat16", duration=60)
     model = recipe.training_model(zoo, (32, 32, 3), 10)
     optimizer = recipe.optimizer(zoo, 390, model)
     assert (optimizer.momentum, optimizer.nesterov) == (0.9, True)
     assert [optimizer.weight_decay_of(variable) for variable in model.trainable_variables] == pytest.approx(
-        [5e-4] * len(model.trainable_variables))
+        [5e-4] * len(model.trainable_variables)
+    )
     assert learning_rates(recipe.schedule(zoo, 390), [0, 389, 390, 23400]) == pytest.approx([0.01, 0.01, 0.1, 0.0])
 
 
@@ -92,9 +100,12 @@ def test_optimizer_is_sgd_with_the_paper_momentum_taking_over_the_weight_decay()
     model = recipe.training_model(PAPER.override("model=resnet20"), (32, 32, 3), 10)
     optimizer = recipe.optimizer(PAPER, 390, model)
     assert [optimizer.weight_decay_of(variable) for variable in model.trainable_variables] == pytest.approx(
-        [PAPER.weight_decay] * len(model.trainable_variables))
+        [PAPER.weight_decay] * len(model.trainable_variables)
+    )
     assert model.losses == []
-    assert isinstance(recipe.optimizer(PAPER.override("precision=mixed_float16"), 390), keras.optimizers.LossScaleOptimizer)
+    assert isinstance(
+        recipe.optimizer(PAPER.override("precision=mixed_float16"), 390), keras.optimizers.LossScaleOptimizer
+    )
 
 
 def test_random_padded_crop_shifts_each_image_within_the_padding():
@@ -104,11 +115,15 @@ def test_random_padded_crop_shifts_each_image_within_the_padding():
     offsets = set()
     for original, crop in zip(images, cropped):
         padded = np.pad(original, [(2, 2), (2, 2), (0, 0)])
-        matches = [(dy, dx) for dy in range(5) for dx in range(5) if np.array_equal(padded[dy:dy + 6, dx:dx + 6], crop)]
+        matches = [
+            (dy, dx) for dy in range(5) for dx in range(5) if np.array_equal(padded[dy : dy + 6, dx : dx + 6], crop)
+        ]
         assert len(matches) == 1
         offsets.add(matches[0])
     assert len(offsets) > 5  # each image its own offset
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(recipe.RandomPaddedCrop(2)(images, training=False)), images)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(recipe.RandomPaddedCrop(2)(images, training=False)), images
+    )
 
 
 def test_flips_happen_per_image_and_values_stay_in_range():
@@ -156,8 +171,9 @@ def test_label_smoothing_by_hand():
     expected = 0.9 * plain + 0.1 * -log_p.mean(-1)
     smoothed = keras.ops.convert_to_numpy(recipe.loss(0.1, reduction=None)(labels, logits))
     np.testing.assert_allclose(smoothed, expected, rtol=1e-6)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(recipe.loss(0.0, reduction=None)(labels, logits)), plain,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(recipe.loss(0.0, reduction=None)(labels, logits)), plain, rtol=1e-6
+    )
     assert float(recipe.loss(0.1)(labels, logits)) == pytest.approx(expected.mean(), rel=1e-6)
 
 
@@ -195,12 +211,16 @@ def test_the_weights_average_follows_each_step_of_the_coupled_update():
         (["warmup=-1"], "warmup must be a finite number >= 0. Received: warmup=-1.0"),
         (["momentum=1"], "momentum must be a finite number in [0, 1). Received: momentum=1.0"),
         (["decay_factor=0"], "decay_factor must be a finite number in (0, 1]. Received: decay_factor=0.0"),
-        (["normalization_std=0,62.1,66.7"], "normalization_std must hold finite numbers > 0. Received: "
-                                            "normalization_std=(0, 62.1, 66.7)"),
+        (
+            ["normalization_std=0,62.1,66.7"],
+            "normalization_std must hold finite numbers > 0. Received: normalization_std=(0, 62.1, 66.7)",
+        ),
         (["test_examples=0"], "test_examples must be None (all) or a positive integer. Received: test_examples=0"),
         (["label_smoothing=1"], "label_smoothing must be a finite number in [0, 1). Received: label_smoothing=1.0"),
-        (["average_momentum=-0.5"], "average_momentum must be a finite number in [0, 1). Received: "
-                                    "average_momentum=-0.5"),
+        (
+            ["average_momentum=-0.5"],
+            "average_momentum must be a finite number in [0, 1). Received: average_momentum=-0.5",
+        ),
         (["train_examples=-5"], "train_examples must be None (all) or a positive integer. Received: train_examples=-5"),
         (["nesterov=none"], "nesterov takes a bool. Received: nesterov='none'"),
     ],
@@ -225,9 +245,11 @@ def test_override_parses_each_field_as_its_declared_type():
 
 
 @pytest.mark.large
-@pytest.mark.parametrize("overrides, loops", [
-    ([], True), (["scan_units=false"], False), (["synchronized_batch_norm=true"], False)],
-    ids=["the model function's choice", "separate units asked", "synchronized BatchNorm"])
+@pytest.mark.parametrize(
+    "overrides, loops",
+    [([], True), (["scan_units=false"], False), (["synchronized_batch_norm=true"], False)],
+    ids=["the model function's choice", "separate units asked", "synchronized BatchNorm"],
+)
 def test_scan_units_none_is_the_model_functions_choice_but_with_synchronized_batch_norm(overrides, loops):
     """ResNet-1001 trains with its units as loops by default, except where BatchNorm's
     statistics are reduced across replicas, which a loop cannot do."""
@@ -237,14 +259,23 @@ def test_scan_units_none_is_the_model_functions_choice_but_with_synchronized_bat
 
 
 def test_override_parses_types():
-    config = configs.get_config("cifar10_paper", ["model=resnet164", "nesterov=true", "decay_boundaries=10,20",
-                                                  "train_examples=100", "learning_rate=0.2"])
+    config = configs.get_config(
+        "cifar10_paper",
+        ["model=resnet164", "nesterov=true", "decay_boundaries=10,20", "train_examples=100", "learning_rate=0.2"],
+    )
     assert (config.model, config.nesterov, config.decay_boundaries, config.train_examples, config.learning_rate) == (
-        "resnet164", True, (10, 20), 100, 0.2)
+        "resnet164",
+        True,
+        (10, 20),
+        100,
+        0.2,
+    )
 
 
-@pytest.mark.parametrize("command, backend", [("ablate", "torch"), ("tune", "jax"), ("tune", "torch"),
-                                              ("export", "jax"), ("export", "torch")])
+@pytest.mark.parametrize(
+    "command, backend",
+    [("ablate", "torch"), ("tune", "jax"), ("tune", "torch"), ("export", "jax"), ("export", "torch")],
+)
 def test_commands_stop_at_once_on_a_backend_they_do_not_run_on(monkeypatch, capsys, command, backend):
     """ablate runs on TensorFlow and JAX, tune and export on TensorFlow alone (train on every
     backend): under another backend (made to look so here) they exit 2 naming the backend
@@ -252,18 +283,24 @@ def test_commands_stop_at_once_on_a_backend_they_do_not_run_on(monkeypatch, caps
     from keras_preact_training import cli
 
     monkeypatch.setattr(keras.backend, "backend", lambda: backend)
-    arguments = {"train": ["--config", "digits_demo"], "tune": ["--config", "digits_demo"],
-                 "ablate": ["--table", "1"], "export": ["--model", "resnet20", "--weights", "cifar10"]}[command]
+    arguments = {
+        "train": ["--config", "digits_demo"],
+        "tune": ["--config", "digits_demo"],
+        "ablate": ["--table", "1"],
+        "export": ["--model", "resnet20", "--weights", "cifar10"],
+    }[command]
     assert cli.main([command, *arguments]) == 2
     if command == "ablate":
         assert capsys.readouterr().err == (
             f"error: keras-preact {command} runs on Keras' TensorFlow backend (tf.distribute) or on JAX (one device). "
             "Received: KERAS_BACKEND=torch. Set KERAS_BACKEND=tensorflow or jax (on a GPU: TensorFlow's CUDA build, "
             "pip install 'keras-preact[gpu]', or JAX's, pip install 'jax[cuda12]'); train, evaluate and the model "
-            "functions run on every backend.\n")
+            "functions run on every backend.\n"
+        )
     else:
         assert capsys.readouterr().err == (
             f"error: keras-preact {command} runs on Keras' TensorFlow backend (tf.distribute, SavedModels). "
             f"Received: KERAS_BACKEND={backend}. Unset KERAS_BACKEND (on a GPU: pip install 'keras-preact[gpu]', "
             "TensorFlow's CUDA build); ablate runs on JAX too, and train, evaluate and the model functions on "
-            "every backend.\n")
+            "every backend.\n"
+        )

@@ -11,9 +11,11 @@ from tests.conftest import gradients, random_images
 NETWORKS = {
     "pre-activation ResNet-20": lambda rematerialize: keras_preact.ResNet20(rematerialize=rematerialize, classes=10),
     "original ResNet-20, projections": lambda rematerialize: keras_preact.get_model(
-        "resnet20_original", rematerialize=rematerialize, classes=10, shortcut="projection"),
+        "resnet20_original", rematerialize=rematerialize, classes=10, shortcut="projection"
+    ),
     "BN after addition, bottleneck ResNet-29": lambda rematerialize: keras_preact.CifarResNet(
-        29, "bottleneck", unit="bn_after_addition", rematerialize=rematerialize, classes=10),
+        29, "bottleneck", unit="bn_after_addition", rematerialize=rematerialize, classes=10
+    ),
 }
 
 
@@ -66,7 +68,9 @@ def test_moving_statistics_update_once_as_without(name):
 def test_inference_is_not_rematerialized_and_equal():
     plain, rematerialized = twins(NETWORKS["pre-activation ResNet-20"])
     images = random_images((2, 32, 32, 3), seed=2)
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(rematerialized(images)), keras.ops.convert_to_numpy(plain(images)))
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(rematerialized(images)), keras.ops.convert_to_numpy(plain(images))
+    )
 
 
 def test_units_use_collecting_batch_norms_and_keep_the_option_in_their_config():

@@ -20,14 +20,24 @@ pytestmark = pytest.mark.tensorflow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A tiny search: ResNet-20 on the embedded digits, 2 epochs per trial.
-TINY_SEARCH = ["tune", "--config", "digits_demo", "--model", "resnet20", "--set", "duration=2",
-               "--validation-examples", "300"]
+TINY_SEARCH = [
+    "tune",
+    "--config",
+    "digits_demo",
+    "--model",
+    "resnet20",
+    "--set",
+    "duration=2",
+    "--validation-examples",
+    "300",
+]
 
 
 def run(*arguments, timeout=900, backend="tensorflow"):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend)
-    return subprocess.run([KERAS_PREACT, *arguments], cwd=ROOT, env=environment,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [KERAS_PREACT, *arguments], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_search_space_is_the_papers_eleven_values_per_gating():
@@ -37,8 +47,10 @@ def test_search_space_is_the_papers_eleven_values_per_gating():
     model = hypermodel.build(hyperparameters)
     assert hyperparameters.get_config()["values"] == {"gating": "exclusive_gating", "gate_bias": 0}
     space = {parameter.name: list(parameter.values) for parameter in hyperparameters.space}
-    assert space == {"gating": ["exclusive_gating", "shortcut_only_gating"],
-                     "gate_bias": [0, -1, -2, -3, -4, -5, -6, -7, -8, -9, -10]}
+    assert space == {
+        "gating": ["exclusive_gating", "shortcut_only_gating"],
+        "gate_bias": [0, -1, -2, -3, -4, -5, -6, -7, -8, -9, -10],
+    }
     # The trial's network has exclusive gates initialised at b_g = 0.
     gates = [layer for layer in model.layers[-1]._flatten_layers() if type(layer).__name__ == "ExclusiveGating"]
     assert len(gates) == 9 and all(gate.gate_bias == 0.0 for gate in gates)
@@ -78,16 +90,23 @@ def test_tiny_search_runs_end_to_end_and_resumes(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     assert first.stdout.count("Search: Running Trial") == 2
     rows = list(csv.DictReader(open(os.path.join(output, "gate_bias.csv"))))
-    assert [(row["gating"], int(row["gate_bias"])) for row in rows] == [("exclusive_gating", 0), ("exclusive_gating", -1)]
+    assert [(row["gating"], int(row["gate_bias"])) for row in rows] == [
+        ("exclusive_gating", 0),
+        ("exclusive_gating", -1),
+    ]
     assert all(0 <= float(row["validation_error"]) <= 100 for row in rows)
     assert [row["paper_test_error"] for row in rows] == ["fail", "fail"]
     table = open(os.path.join(output, "gate_bias.md")).read()
     assert "| b_g | exclusive gating: ours | exclusive gating: paper |" in table
     assert "| -6 | - | 8.7 |" in table and "held out of the training set" in table
     best = min(rows, key=lambda row: float(row["validation_error"]))
-    assert f"Best: exclusive gating at b_g = {best['gate_bias']}; trained on the whole training set, test error" in table
+    assert (
+        f"Best: exclusive gating at b_g = {best['gate_bias']}; trained on the whole training set, test error" in table
+    )
     summary = json.load(open(os.path.join(output, f"best_exclusive_gating_{best['gate_bias']}", "summary.json")))
-    assert summary["config"]["merge"] == "exclusive_gating" and summary["config"]["gate_bias"] == float(best["gate_bias"])
+    assert summary["config"]["merge"] == "exclusive_gating" and summary["config"]["gate_bias"] == float(
+        best["gate_bias"]
+    )
     assert os.path.getsize(os.path.join(output, "gate_bias.png")) > 10000
 
     # The same command with one more trial: the two finished trials are kept, one runs.
@@ -99,16 +118,27 @@ def test_tiny_search_runs_end_to_end_and_resumes(tmp_path):
 
 
 def test_trials_run_under_the_strategy(tmp_path):
-    result = run(*TINY_SEARCH, "--set", "duration=1", "--trials", "1", "--strategy", "mirrored", "--set",
-                 "cpu_devices=2", "--no-retrain", "--output", str(tmp_path))
+    result = run(
+        *TINY_SEARCH,
+        "--set",
+        "duration=1",
+        "--trials",
+        "1",
+        "--strategy",
+        "mirrored",
+        "--set",
+        "cpu_devices=2",
+        "--no-retrain",
+        "--output",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Each trial runs under MirroredStrategy with 2 replicas." in result.stdout
     assert list(csv.DictReader(open(tmp_path / "gate_bias.csv")))[0]["gate_bias"] == "0"
 
 
 def test_bad_tune_arguments_exit_with_a_message(tmp_path):
-    result = run("tune", "--config", "digits_demo", "--tuner", "hyperband", "--rounds", "1", "--output",
-                 str(tmp_path))
+    result = run("tune", "--config", "digits_demo", "--tuner", "hyperband", "--rounds", "1", "--output", str(tmp_path))
     assert result.returncode == 2
     assert "rounds must be a positive integer (at least 3 for hyperband). Received: rounds=1" in result.stderr
 
@@ -128,8 +158,14 @@ def start(*arguments, output):
     """`keras-preact` in the background, its output in a file beside `output`."""
     log = open(f"{output}-{len(os.listdir(os.path.dirname(output)))}.txt", "w")
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
-    process = subprocess.Popen([KERAS_PREACT, *arguments, "--output", output], cwd=ROOT, env=environment,
-                               stdout=log, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [KERAS_PREACT, *arguments, "--output", output],
+        cwd=ROOT,
+        env=environment,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     process.log = log.name
     return process
 
@@ -149,11 +185,15 @@ def test_a_chief_and_two_workers_walk_the_grid_as_one_process_does(tmp_path):
     assert run(*GRID, "--trials", "4", "--output", one).returncode == 0
     shared, address = str(tmp_path / "shared"), f"127.0.0.1:{free_port()}"
     chief = start(*GRID, "--trials", "4", "--chief", address, output=shared)
-    workers = [start(*GRID, "--trials", "4", "--worker", address, "--worker-id", name, output=shared)
-               for name in ("worker1", "worker2")]
+    workers = [
+        start(*GRID, "--trials", "4", "--worker", address, "--worker-id", name, output=shared)
+        for name in ("worker1", "worker2")
+    ]
     for name, worker in zip(("worker1", "worker2"), workers):
-        assert (f"Worker {name}: the search has no trial left for it; the chief writes the results to {shared}."
-                in finished(worker))
+        assert (
+            f"Worker {name}: the search has no trial left for it; the chief writes the results to {shared}."
+            in finished(worker)
+        )
     assert finished(chief).count("Search: Running Trial") == 4
     assert rows_of(shared) == rows_of(one)
     assert [int(row["gate_bias"]) for row in rows_of(shared)] == [0, -1, -2, -3]
@@ -199,18 +239,22 @@ def test_keras_tuners_oracle_still_has_what_the_grid_reads_on_reload(tmp_path):
     1.4 has without a public API: this fails, naming them, where another version has not."""
     oracle = tune.GridOracle(keras_tuner.Objective(tune.OBJECTIVE, "min"), max_trials=1)
     assert isinstance(getattr(oracle, "_retry_queue", None), list), "keras_tuner.Oracle._retry_queue is gone"
-    assert callable(getattr(getattr(oracle, "_display", None), "on_trial_begin", None)), \
+    assert callable(getattr(getattr(oracle, "_display", None), "on_trial_begin", None)), (
         "keras_tuner.Oracle._display.on_trial_begin is gone"
+    )
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(chief="127.0.0.1:8000", worker="127.0.0.1:8000", worker_id="w"), "A process is the chief or a worker"),
-    (dict(chief="127.0.0.1"), "The chief's address must be host:port, the port 1-65535. Received: '127.0.0.1'"),
-    (dict(worker="127.0.0.1:99999", worker_id="w"), "Received: '127.0.0.1:99999'"),
-    (dict(worker="127.0.0.1:8000"), "A worker needs --worker-id"),
-    (dict(worker="127.0.0.1:8000", worker_id="chief2"), "Received: --worker-id 'chief2'"),
-    (dict(worker_id="w"), "--worker-id names a worker (with --worker HOST:PORT). Received: --worker-id 'w'"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(chief="127.0.0.1:8000", worker="127.0.0.1:8000", worker_id="w"), "A process is the chief or a worker"),
+        (dict(chief="127.0.0.1"), "The chief's address must be host:port, the port 1-65535. Received: '127.0.0.1'"),
+        (dict(worker="127.0.0.1:99999", worker_id="w"), "Received: '127.0.0.1:99999'"),
+        (dict(worker="127.0.0.1:8000"), "A worker needs --worker-id"),
+        (dict(worker="127.0.0.1:8000", worker_id="chief2"), "Received: --worker-id 'chief2'"),
+        (dict(worker_id="w"), "--worker-id names a worker (with --worker HOST:PORT). Received: --worker-id 'w'"),
+    ],
+)
 def test_distributed_arguments_are_checked(options, message, monkeypatch):
     for name in (tune.ORACLE_HOST, tune.ORACLE_PORT, tune.TUNER_ID):
         monkeypatch.delenv(name, raising=False)
@@ -222,12 +266,16 @@ def test_keras_tuners_variables_half_set_are_refused(monkeypatch):
     monkeypatch.setenv(tune.ORACLE_HOST, "127.0.0.1")
     monkeypatch.delenv(tune.ORACLE_PORT, raising=False)
     monkeypatch.delenv(tune.TUNER_ID, raising=False)
-    with pytest.raises(ValueError, match="needs KERASTUNER_ORACLE_IP, KERASTUNER_ORACLE_PORT and KERASTUNER_TUNER_ID. "
-                                         "Received: only KERASTUNER_ORACLE_IP"):
+    with pytest.raises(
+        ValueError,
+        match="needs KERASTUNER_ORACLE_IP, KERASTUNER_ORACLE_PORT and KERASTUNER_TUNER_ID. "
+        "Received: only KERASTUNER_ORACLE_IP",
+    ):
         tune.distribute()
 
 
 # The ablation runner --------------------------------------------------------------------
+
 
 def test_tables_hold_the_papers_figures():
     assert [row.label for row in ablation.TABLES[2].rows][-1] == "full pre-activation, Fig. 4(e)"
@@ -262,11 +310,41 @@ def test_substituted_models_make_one_column_per_network():
 def test_tiny_ablation_runs_end_to_end_and_resumes(cifar_folder, tmp_path):
     """Table 3 on CIFAR-10 JPEGs, ResNet-20 in place of the paper's nets, 2 seeds, 6 steps each."""
     output = str(tmp_path / "ablate")
-    arguments = ["ablate", "--table", "3", "--models", "resnet20", "--datasets", "cifar10", "--seeds", "2",
-                 "--data-dir", cifar_folder, "--output", output, "--set", "dataset=folder",
-                 "--set", "train_examples=640", "--set", "test_examples=200", "--set", "batch_size=64",
-                 "--set", "reference_batch_size=64", "--set", "duration=6", "--set", "decay_boundaries=4,5",
-                 "--set", "warmup=0", "--set", "evaluate_every=3", "--set", "log_every=3"]
+    arguments = [
+        "ablate",
+        "--table",
+        "3",
+        "--models",
+        "resnet20",
+        "--datasets",
+        "cifar10",
+        "--seeds",
+        "2",
+        "--data-dir",
+        cifar_folder,
+        "--output",
+        output,
+        "--set",
+        "dataset=folder",
+        "--set",
+        "train_examples=640",
+        "--set",
+        "test_examples=200",
+        "--set",
+        "batch_size=64",
+        "--set",
+        "reference_batch_size=64",
+        "--set",
+        "duration=6",
+        "--set",
+        "decay_boundaries=4,5",
+        "--set",
+        "warmup=0",
+        "--set",
+        "evaluate_every=3",
+        "--set",
+        "log_every=3",
+    ]
     first = run(*arguments)
     assert first.returncode == 0, first.stderr[-3000:]
     # Two rows x four columns (ResNet-20 for each of the paper's CIFAR-10 networks) x 2 seeds,
@@ -283,12 +361,15 @@ def test_tiny_ablation_runs_end_to_end_and_resumes(cifar_folder, tmp_path):
     table = open(os.path.join(output, "table3.md")).read()
     assert "**A small budget: these numbers are not comparable with the paper's.**" in table
     assert "duration=6 (paper: 64000)" in table and "2 seed(s) (paper: median of 5)" in table
-    assert ("| variant | resnet20 cifar10: median | mean ± std | paper (resnet110_1layer) | paper (resnet110) | "
-            "paper (resnet164) | paper (resnet1001) |") in table
+    assert (
+        "| variant | resnet20 cifar10: median | mean ± std | paper (resnet110_1layer) | paper (resnet110) | "
+        "paper (resnet164) | paper (resnet1001) |"
+    ) in table
     assert "(not applied at this budget)" in table and "fail (" not in table
     assert os.path.getsize(os.path.join(output, "table3_curves.png")) > 10000
-    summary = json.load(open(os.path.join(output, "table3", "cifar10", "resnet20", "original_unit", "seed1",
-                                          "summary.json")))
+    summary = json.load(
+        open(os.path.join(output, "table3", "cifar10", "resnet20", "original_unit", "seed1", "summary.json"))
+    )
     assert summary["config"]["unit"] == "original" and summary["steps"] == 6
 
     again = run(*arguments)  # everything finished: read back, nothing trained
@@ -300,18 +381,46 @@ def test_every_shortcut_variant_trains_under_jax(cifar_folder, tmp_path):
     """Table 1 under KERAS_BACKEND=jax (`loop.JaxSteps`): every shortcut of Fig. 2 (scalings,
     both gatings, the 1x1 convolution, dropout) takes its steps and is tested, 4 steps each."""
     output = str(tmp_path / "ablate")
-    result = run("ablate", "--table", "1", "--models", "resnet20", "--data-dir", cifar_folder, "--output", output,
-                 "--set", "dataset=folder", "--set", "train_examples=256", "--set", "test_examples=100",
-                 "--set", "batch_size=32", "--set", "reference_batch_size=32", "--set", "duration=4",
-                 "--set", "decay_boundaries=2,3", "--set", "warmup=0", "--set", "evaluate_every=4",
-                 "--set", "log_every=2", backend="jax")
+    result = run(
+        "ablate",
+        "--table",
+        "1",
+        "--models",
+        "resnet20",
+        "--data-dir",
+        cifar_folder,
+        "--output",
+        output,
+        "--set",
+        "dataset=folder",
+        "--set",
+        "train_examples=256",
+        "--set",
+        "test_examples=100",
+        "--set",
+        "batch_size=32",
+        "--set",
+        "reference_batch_size=32",
+        "--set",
+        "duration=4",
+        "--set",
+        "decay_boundaries=2,3",
+        "--set",
+        "warmup=0",
+        "--set",
+        "evaluate_every=4",
+        "--set",
+        "log_every=2",
+        backend="jax",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     records = list(csv.DictReader(open(os.path.join(output, "table1.csv"))))
     assert [record["variant"] for record in records] == [row.label for row in ablation.TABLES[1].rows]
     for record in records:
         assert 0 <= float(record["median"]) <= 100
-    summary = json.load(open(os.path.join(output, "table1", "cifar10", "resnet20", "1x1_conv_shortcut", "seed0",
-                                          "summary.json")))
+    summary = json.load(
+        open(os.path.join(output, "table1", "cifar10", "resnet20", "1x1_conv_shortcut", "seed0", "summary.json"))
+    )
     assert summary["config"]["shortcut"] == "projection" and summary["steps"] == 4
 
 
@@ -332,5 +441,7 @@ def test_the_search_walks_the_gate_biases_asked_for(tmp_path):
     assert [int(row["gate_bias"]) for row in rows_of(str(tmp_path))] == [0, -6]
     refused = run(*GRID, "--gate-biases", "-11", "--output", str(tmp_path / "other"))
     assert refused.returncode == 2
-    assert "gate_biases must be some of the paper's [0, -1, -2, -3, -4, -5, -6, -7, -8, -9, -10]. Received: [-11]" \
+    assert (
+        "gate_biases must be some of the paper's [0, -1, -2, -3, -4, -5, -6, -7, -8, -9, -10]. Received: [-11]"
         in refused.stderr
+    )

@@ -72,7 +72,10 @@ def start_server(directory, *options):
     port = free_port()
     server = subprocess.Popen(
         [KERAS_PREACT, "serve", str(directory), "--port", str(port), *options],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow"),
     )
     line = server.stdout.readline()
@@ -91,8 +94,9 @@ def export_resnet20(tmp_path_factory, seed):
     pixels = random_pixels(16, CIFAR, seed=seed)
     network = calibrated(keras_preact.ResNet20(input_shape=CIFAR.shape, classes=10), CIFAR, pixels)
     directory = tmp_path_factory.mktemp("saved_models") / "cifar10_resnet20"
-    export.export_saved_model(network, str(directory), CIFAR_CLASSES, CIFAR, formats=("saved_model", "onnx"),
-                              verbose=False)
+    export.export_saved_model(
+        network, str(directory), CIFAR_CLASSES, CIFAR, formats=("saved_model", "onnx"), verbose=False
+    )
     return network, pixels, directory
 
 
@@ -116,8 +120,9 @@ def limited(served):
     """The same model, on the same runtime, served with one request in flight at most and a
     4 s request timeout (2 s cut off a whole request once, on 2 cores that three other jobs
     shared)."""
-    server, port = start_server(served[3], "--runtime", served[1].runtime, "--max-in-flight", "1",
-                                "--request-timeout", "4")
+    server, port = start_server(
+        served[3], "--runtime", served[1].runtime, "--max-in-flight", "1", "--request-timeout", "4"
+    )
     yield port
     stop_server(server)
 
@@ -141,14 +146,28 @@ def assert_prediction_matches(prediction, expected, row):
 
 def test_status_and_metadata(served):
     _, client, _, _ = served
-    assert client.get("/v1/models/cifar10_resnet20") == (200, {"model_version_status": [
-        {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]})
+    assert client.get("/v1/models/cifar10_resnet20") == (
+        200,
+        {
+            "model_version_status": [
+                {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+            ]
+        },
+    )
     assert client.get("/v1/models/cifar10_resnet20/versions/1")[0] == 200
     status, metadata = client.get("/v1/models/cifar10_resnet20/metadata")
-    assert status == 200 and metadata["model_spec"] == {"name": "cifar10_resnet20", "signature_name": "", "version": "1"}
+    assert status == 200 and metadata["model_spec"] == {
+        "name": "cifar10_resnet20",
+        "signature_name": "",
+        "version": "1",
+    }
     signatures = metadata["metadata"]["signature_def"]["signature_def"]
     assert sorted(signatures) == sorted(contract.SIGNATURES)
-    assert signatures["serving_default"]["inputs"]["images"] == {"dtype": "string", "tensor_shape": [-1], "name": "images"}
+    assert signatures["serving_default"]["inputs"]["images"] == {
+        "dtype": "string",
+        "tensor_shape": [-1],
+        "name": "images",
+    }
     assert metadata["metadata"]["keras_preact"]["class_names"] == CIFAR_CLASSES
 
 
@@ -156,14 +175,18 @@ def test_row_format_predictions_equal_the_keras_model(served):
     network, client, pixels, _ = served
     encoded = jpegs(pixels[:4])
     expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 5)
-    status, response = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(image) for image in encoded]})
+    status, response = client.post(
+        "/v1/models/cifar10_resnet20:predict", {"instances": [b64(image) for image in encoded]}
+    )
     assert status == 200 and len(response["predictions"]) == 4
     for row, prediction in enumerate(response["predictions"]):
         assert sorted(prediction) == sorted(contract.OUTPUTS)
         assert_prediction_matches(prediction, expected, row)
     # Named inputs, a version in the path, and the signature named: the same answer.
-    status, named = client.post("/v1/models/cifar10_resnet20/versions/1:predict", {
-        "signature_name": "serving_default", "instances": [{"images": b64(image)} for image in encoded]})
+    status, named = client.post(
+        "/v1/models/cifar10_resnet20/versions/1:predict",
+        {"signature_name": "serving_default", "instances": [{"images": b64(image)} for image in encoded]},
+    )
     assert status == 200 and named == response
 
 
@@ -171,13 +194,17 @@ def test_columnar_format_and_the_other_signatures(served):
     network, client, pixels, _ = served
     batch = pixels[:3]
     expected = expected_outputs(network, normalize(batch, CIFAR), CIFAR_CLASSES, 5)
-    status, response = client.post("/v1/models/cifar10_resnet20:predict",
-                                   {"signature_name": "predict_pixels", "inputs": {"pixels": batch.tolist()}})
+    status, response = client.post(
+        "/v1/models/cifar10_resnet20:predict",
+        {"signature_name": "predict_pixels", "inputs": {"pixels": batch.tolist()}},
+    )
     assert status == 200 and sorted(response) == ["outputs"]
     for row in range(3):
         assert_prediction_matches({name: values[row] for name, values in response["outputs"].items()}, expected, row)
-    status, response = client.post("/v1/models/cifar10_resnet20:predict", {
-        "signature_name": "predict_normalized", "instances": normalize(batch, CIFAR).tolist()})
+    status, response = client.post(
+        "/v1/models/cifar10_resnet20:predict",
+        {"signature_name": "predict_normalized", "instances": normalize(batch, CIFAR).tolist()},
+    )
     assert status == 200
     for row, prediction in enumerate(response["predictions"]):
         assert_prediction_matches(prediction, expected, row)
@@ -190,9 +217,23 @@ def test_query_command_prints_top_classes(served, tmp_path):
     for index, image in enumerate(encoded):
         paths.append(tmp_path / f"image{index}.jpg")
         paths[-1].write_bytes(image)
-    result = subprocess.run([KERAS_PREACT, "query", "--server", client.url, "--model",
-                             "cifar10_resnet20", "--top-k", "2", *map(str, paths)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [
+            KERAS_PREACT,
+            "query",
+            "--server",
+            client.url,
+            "--model",
+            "cifar10_resnet20",
+            "--top-k",
+            "2",
+            *map(str, paths),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     expected = expected_outputs(network, normalize(decoded(encoded), CIFAR), CIFAR_CLASSES, 2)
     for path, line, classes, scores in zip(paths, result.stdout.splitlines(), expected["classes"], expected["scores"]):
@@ -202,14 +243,25 @@ def test_query_command_prints_top_classes(served, tmp_path):
 def test_query_without_a_server_is_a_clear_error(tmp_path):
     image = tmp_path / "image.jpg"
     image.write_bytes(b"\xff\xd8")
-    result = subprocess.run([KERAS_PREACT, "query", "--server", f"http://127.0.0.1:{free_port()}",
-                             "--model", "m", str(image)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [KERAS_PREACT, "query", "--server", f"http://127.0.0.1:{free_port()}", "--model", "m", str(image)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2 and "No server answers at" in result.stderr
 
 
 def serve_command(*arguments):
-    return subprocess.run([KERAS_PREACT, "serve", *arguments], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    return subprocess.run(
+        [KERAS_PREACT, "serve", *arguments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
 
 
 def test_serve_start_errors_name_the_port_or_file(served, tmp_path):
@@ -233,7 +285,9 @@ def test_serve_start_errors_name_the_port_or_file(served, tmp_path):
     graph.write_bytes(graph.read_bytes()[:5000])
     result = serve_command(str(damaged), "--port", str(free_port()), "--runtime", "tensorflow")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert f"error: Could not load the SavedModel {damaged / '1'} (a truncated or corrupt saved_model.pb" in result.stderr
+    assert (
+        f"error: Could not load the SavedModel {damaged / '1'} (a truncated or corrupt saved_model.pb" in result.stderr
+    )
 
 
 def truncated_jpeg(pixels):
@@ -243,55 +297,140 @@ def truncated_jpeg(pixels):
 @pytest.mark.parametrize(
     "path, body, status, message",
     [
-        (":predict", lambda pixels: {"instances": [b64(b"not an image at all")]}, 400,
-         r"^Could not decode the image bytes \(JPEG, PNG, GIF or BMP expected\): instance 0 \(19 bytes\): "
-         r"Unknown image file format"),
-        (":predict", lambda pixels: {"instances": [b64(jpegs(pixels[:1])[0]), b64(truncated_jpeg(pixels))]}, 400,
-         r"^Could not decode the image bytes .*: instance 1 \(200 bytes\): "),
-        (":predict", lambda pixels: {"instances": [{"b64": "%%% not base64"}]}, 400,
-         r"^Instance 0 of 'images': invalid base64"),
-        (":predict", lambda pixels: {"instances": [[1, 2, 3]]}, 400,
-         r"^Instance 0 of 'images' must be \{\"b64\": \"<base64 of the image file>\"\}. Received: \[1, 2, 3\]"),
-        (":predict", lambda pixels: {"signature_name": "predict_pixels", "instances": pixels[:2, :16].tolist()}, 400,
-         r"^Input 'pixels' must have shape \[batch, 32, 32, 3\]. Received: shape \(2, 16, 32, 3\)"),
-        (":predict", lambda pixels: {"signature_name": "predict_pixels", "instances": (pixels[:1] + 300.0).tolist()},
-         400, r"^Input 'pixels' holds uint8 pixels: integers from 0 to 255"),
-        (":predict", lambda pixels: {"signature_name": "classify", "instances": []}, 400,
-         r"^Unknown signature_name. Choose one of \['predict_normalized', 'predict_pixels', 'serving_default'\]. "
-         r"Received: \"classify\""),
+        (
+            ":predict",
+            lambda pixels: {"instances": [b64(b"not an image at all")]},
+            400,
+            r"^Could not decode the image bytes \(JPEG, PNG, GIF or BMP expected\): instance 0 \(19 bytes\): "
+            r"Unknown image file format",
+        ),
+        (
+            ":predict",
+            lambda pixels: {"instances": [b64(jpegs(pixels[:1])[0]), b64(truncated_jpeg(pixels))]},
+            400,
+            r"^Could not decode the image bytes .*: instance 1 \(200 bytes\): ",
+        ),
+        (
+            ":predict",
+            lambda pixels: {"instances": [{"b64": "%%% not base64"}]},
+            400,
+            r"^Instance 0 of 'images': invalid base64",
+        ),
+        (
+            ":predict",
+            lambda pixels: {"instances": [[1, 2, 3]]},
+            400,
+            r"^Instance 0 of 'images' must be \{\"b64\": \"<base64 of the image file>\"\}. Received: \[1, 2, 3\]",
+        ),
+        (
+            ":predict",
+            lambda pixels: {"signature_name": "predict_pixels", "instances": pixels[:2, :16].tolist()},
+            400,
+            r"^Input 'pixels' must have shape \[batch, 32, 32, 3\]. Received: shape \(2, 16, 32, 3\)",
+        ),
+        (
+            ":predict",
+            lambda pixels: {"signature_name": "predict_pixels", "instances": (pixels[:1] + 300.0).tolist()},
+            400,
+            r"^Input 'pixels' holds uint8 pixels: integers from 0 to 255",
+        ),
+        (
+            ":predict",
+            lambda pixels: {"signature_name": "classify", "instances": []},
+            400,
+            r"^Unknown signature_name. Choose one of \['predict_normalized', 'predict_pixels', 'serving_default'\]. "
+            r"Received: \"classify\"",
+        ),
         (":predict", lambda pixels: b'{"instances": [', 400, r"^The request body is not valid JSON"),
         (":predict", lambda pixels: [1, 2], 400, r"^The request must be a JSON object. Received: list"),
-        (":predict", lambda pixels: {"examples": []}, 400,
-         r"^The request needs exactly one of 'instances' \(row format\) or 'inputs' \(columnar\)"),
+        (
+            ":predict",
+            lambda pixels: {"examples": []},
+            400,
+            r"^The request needs exactly one of 'instances' \(row format\) or 'inputs' \(columnar\)",
+        ),
         (":predict", lambda pixels: {"instances": []}, 400, r"^Input 'images' must be a non-empty list"),
-        (":predict", lambda pixels: {"instances": [b64(jpegs(pixels[:1])[0])] * (MAX_BATCH + 1)}, 400,
-         rf"^Too many instances: this server takes at most {MAX_BATCH} per request \(--max-batch\). "
-         rf"Received: {MAX_BATCH + 1}"),
-        ("/versions/7:predict", lambda pixels: {"instances": []}, 404,
-         r"^Servable not found for request: Specific\(cifar10_resnet20, 7\)"),
-        ("/versions/" + "1" * 5000 + ":predict", lambda pixels: {"instances": []}, 404,
-         r"^Servable not found for request: Specific\(cifar10_resnet20, 1111"),
-        (":predict", lambda pixels: {"signature_name": ["serving_default"], "instances": []}, 400,
-         r"^Unknown signature_name. .* Received: \[\"serving_default\"\]"),
-        (":predict", lambda pixels: {"signature_name": {"a": 1}, "instances": []}, 400,
-         r"^Unknown signature_name. .* Received: \{\"a\": 1\}"),
+        (
+            ":predict",
+            lambda pixels: {"instances": [b64(jpegs(pixels[:1])[0])] * (MAX_BATCH + 1)},
+            400,
+            rf"^Too many instances: this server takes at most {MAX_BATCH} per request \(--max-batch\). "
+            rf"Received: {MAX_BATCH + 1}",
+        ),
+        (
+            "/versions/7:predict",
+            lambda pixels: {"instances": []},
+            404,
+            r"^Servable not found for request: Specific\(cifar10_resnet20, 7\)",
+        ),
+        (
+            "/versions/" + "1" * 5000 + ":predict",
+            lambda pixels: {"instances": []},
+            404,
+            r"^Servable not found for request: Specific\(cifar10_resnet20, 1111",
+        ),
+        (
+            ":predict",
+            lambda pixels: {"signature_name": ["serving_default"], "instances": []},
+            400,
+            r"^Unknown signature_name. .* Received: \[\"serving_default\"\]",
+        ),
+        (
+            ":predict",
+            lambda pixels: {"signature_name": {"a": 1}, "instances": []},
+            400,
+            r"^Unknown signature_name. .* Received: \{\"a\": 1\}",
+        ),
         (":predict", lambda pixels: b"[" * 100_000 + b"]" * 100_000, 400, r"^The request body is nested too deeply"),
-        (":predict", lambda pixels: b'{"instances": [' + b"7" * 5000 + b"]}", 400,
-         r"^The request body is not valid JSON: Exceeds the limit \(4300 digits\)"),
-        (":predict", lambda pixels: {"signature_name": "predict_normalized",
-                                     "instances": np.full((1, 32, 32, 3), 1e39).tolist()}, 400,
-         r"^Input 'normalized' holds a value too large for float32 \(at most 3.403e\+38\)"),
-        (":predict", lambda pixels: {"signature_name": "predict_normalized",
-                                     "instances": np.full((1, 32, 32, 3), 3e38).tolist()}, 400,
-         r"^The network's outputs are not finite \(NaN or infinite\) for instances \[0\]"),
+        (
+            ":predict",
+            lambda pixels: b'{"instances": [' + b"7" * 5000 + b"]}",
+            400,
+            r"^The request body is not valid JSON: Exceeds the limit \(4300 digits\)",
+        ),
+        (
+            ":predict",
+            lambda pixels: {
+                "signature_name": "predict_normalized",
+                "instances": np.full((1, 32, 32, 3), 1e39).tolist(),
+            },
+            400,
+            r"^Input 'normalized' holds a value too large for float32 \(at most 3.403e\+38\)",
+        ),
+        (
+            ":predict",
+            lambda pixels: {
+                "signature_name": "predict_normalized",
+                "instances": np.full((1, 32, 32, 3), 3e38).tolist(),
+            },
+            400,
+            r"^The network's outputs are not finite \(NaN or infinite\) for instances \[0\]",
+        ),
     ],
-    ids=["corrupt bytes", "truncated JPEG", "bad base64", "not b64", "wrong shape", "out of range", "unknown signature",
-         "malformed JSON", "not an object", "no instances", "empty batch", "batch too large", "unknown version",
-         "5,000-digit version", "list signature", "dict signature", "100,000-deep JSON", "5,000-digit number",
-         "too large for float32", "non-finite outputs"],
+    ids=[
+        "corrupt bytes",
+        "truncated JPEG",
+        "bad base64",
+        "not b64",
+        "wrong shape",
+        "out of range",
+        "unknown signature",
+        "malformed JSON",
+        "not an object",
+        "no instances",
+        "empty batch",
+        "batch too large",
+        "unknown version",
+        "5,000-digit version",
+        "list signature",
+        "dict signature",
+        "100,000-deep JSON",
+        "5,000-digit number",
+        "too large for float32",
+        "non-finite outputs",
+    ],
 )
-def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served, path, body, status,
-                                                                    message):
+def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served, path, body, status, message):
     _, client, pixels, _ = served
     answer_status, answer = client.post(f"/v1/models/cifar10_resnet20{path}", body(pixels))
     assert answer_status == status and sorted(answer) == ["error"]
@@ -315,20 +454,40 @@ SMUGGLED = b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\nHost: x\r\n\r\n"
 PREDICT = b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\n"
 
 
-@pytest.mark.parametrize("head, body, status, message", [
-    (PREDICT + b"Content-Length: -5\r\n", b"x" * 1000, 400, b"Invalid HTTP request: it does not follow HTTP/1.1"),
-    (PREDICT + b"Transfer-Encoding: chunked\r\nConnection: close\r\n",
-     b"%x\r\n%s\r\n0\r\n\r\n" % (len(SMUGGLED), SMUGGLED), 400, b"The request body is not valid JSON"),
-    (PREDICT + b"Connection: close\r\n", b"", 400, b"The request body is not valid JSON"),
-    (b"POST /v1/models/nobody:predict HTTP/1.1\r\nContent-Length: %d\r\n" % len(SMUGGLED), SMUGGLED, 404,
-     b"No such resource"),
-    (PREDICT + b"Content-Length: 999999999999\r\n", SMUGGLED, 413, b"The request body is too large"),
-    (b"GET /v1/models/cifar10_resnet20/" + b"a" * 20_000 + b" HTTP/1.1\r\n", b"", 414,
-     b"The request line is too long: at most 16384 bytes"),
-    (b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\n" + b"X-Padding: abc\r\n" * 2000, b"", 431,
-     b"The request's headers are too large: at most 16384 bytes"),
-    (b"GARBAGE\r\n", b"", 400, b"Invalid HTTP request"),
-], ids=["negative length", "chunked", "no length", "404 with a body", "413", "414", "431", "not HTTP"])
+@pytest.mark.parametrize(
+    "head, body, status, message",
+    [
+        (PREDICT + b"Content-Length: -5\r\n", b"x" * 1000, 400, b"Invalid HTTP request: it does not follow HTTP/1.1"),
+        (
+            PREDICT + b"Transfer-Encoding: chunked\r\nConnection: close\r\n",
+            b"%x\r\n%s\r\n0\r\n\r\n" % (len(SMUGGLED), SMUGGLED),
+            400,
+            b"The request body is not valid JSON",
+        ),
+        (PREDICT + b"Connection: close\r\n", b"", 400, b"The request body is not valid JSON"),
+        (
+            b"POST /v1/models/nobody:predict HTTP/1.1\r\nContent-Length: %d\r\n" % len(SMUGGLED),
+            SMUGGLED,
+            404,
+            b"No such resource",
+        ),
+        (PREDICT + b"Content-Length: 999999999999\r\n", SMUGGLED, 413, b"The request body is too large"),
+        (
+            b"GET /v1/models/cifar10_resnet20/" + b"a" * 20_000 + b" HTTP/1.1\r\n",
+            b"",
+            414,
+            b"The request line is too long: at most 16384 bytes",
+        ),
+        (
+            b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\n" + b"X-Padding: abc\r\n" * 2000,
+            b"",
+            431,
+            b"The request's headers are too large: at most 16384 bytes",
+        ),
+        (b"GARBAGE\r\n", b"", 400, b"Invalid HTTP request"),
+    ],
+    ids=["negative length", "chunked", "no length", "404 with a body", "413", "414", "431", "not HTTP"],
+)
 def test_errors_of_the_http_layer_are_json_and_nothing_is_smuggled(served, head, body, status, message):
     """Every error is TF Serving's JSON, the HTTP layer's own too; a request whose body is not
     read whole is answered once and its connection closed: a request hidden in a body, or
@@ -373,8 +532,9 @@ def test_concurrent_clients_are_all_answered_correctly(served):
         wrong = 0
         for request in range(50):
             rows = [(worker * 50 + request + offset) % len(encoded) for offset in range(1 + request % 3)]
-            status, response = client.post("/v1/models/cifar10_resnet20:predict",
-                                           {"instances": [b64(encoded[row]) for row in rows]})
+            status, response = client.post(
+                "/v1/models/cifar10_resnet20:predict", {"instances": [b64(encoded[row]) for row in rows]}
+            )
             assert status == 200, response
             for row, prediction in zip(rows, response["predictions"], strict=True):
                 wrong += prediction["classes"] != expected["classes"][row].tolist()
@@ -415,7 +575,8 @@ def test_slow_clients_are_cut_off_at_the_request_timeout_and_hold_nothing(served
         received = read_until_closed(connection)
         assert received.startswith(b"HTTP/1.1 408 "), received[:200]
         assert json.loads(received.split(b"\r\n\r\n", 1)[1]) == {
-            "error": "The request did not arrive whole within 4 s (--request-timeout)."}
+            "error": "The request did not arrive whole within 4 s (--request-timeout)."
+        }
     assert read_until_closed(silent) == b""
 
 
@@ -436,7 +597,8 @@ def test_past_max_in_flight_is_a_503_with_retry_after_never_a_reset(served, limi
         except urllib.error.HTTPError as refused:
             assert refused.headers["Retry-After"] == "1"
             assert json.load(refused) == {
-                "error": "The server is busy: 1 requests are in flight (--max-in-flight). Retry after 1 s."}
+                "error": "The server is busy: 1 requests are in flight (--max-in-flight). Retry after 1 s."
+            }
             return refused.code
 
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
@@ -452,29 +614,44 @@ def png(width, height):
 
 def png_header(width, height):
     """A PNG's signature, header and an empty data chunk: all an attacker needs to claim a size."""
+
     def chunk(kind, data=b""):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(b"IDAT")
 
 
-@pytest.mark.parametrize("images, message", [
-    (lambda: [png(5000, 5000)],
-     "Instance 0 of 'images' is too large: 5000 x 5000 pixels; this server decodes at most 16,777,216 pixels an "
-     "image."),
-    (lambda: [png(4000, 3800)] * 5,
-     "The request's images are too large together: 76,000,000 pixels; this server decodes at most 67,108,864 "
-     "pixels a request."),
-    (lambda: [png(32, 32), png_header(10_000, 10_000)],
-     "Instance 1 of 'images' is too large: 10000 x 10000 pixels; this server decodes at most 16,777,216 pixels an "
-     "image."),
-    (lambda: [png_header(100_000, 100_000)], "Instance 0 of 'images' is too large: Image size (10000000000 pixels) "
-     "exceeds limit of 178956970 pixels, could be decompression bomb DOS attack."),
-], ids=["one image", "the request's images", "a header alone", "a header past Pillow's own bound"])
+@pytest.mark.parametrize(
+    "images, message",
+    [
+        (
+            lambda: [png(5000, 5000)],
+            "Instance 0 of 'images' is too large: 5000 x 5000 pixels; this server decodes at most 16,777,216 pixels an "
+            "image.",
+        ),
+        (
+            lambda: [png(4000, 3800)] * 5,
+            "The request's images are too large together: 76,000,000 pixels; this server decodes at most 67,108,864 "
+            "pixels a request.",
+        ),
+        (
+            lambda: [png(32, 32), png_header(10_000, 10_000)],
+            "Instance 1 of 'images' is too large: 10000 x 10000 pixels; this server decodes at most 16,777,216 pixels an "
+            "image.",
+        ),
+        (
+            lambda: [png_header(100_000, 100_000)],
+            "Instance 0 of 'images' is too large: Image size (10000000000 pixels) "
+            "exceeds limit of 178956970 pixels, could be decompression bomb DOS attack.",
+        ),
+    ],
+    ids=["one image", "the request's images", "a header alone", "a header past Pillow's own bound"],
+)
 def test_image_bombs_are_refused_from_their_headers_before_decoding(served, images, message):
     _, client, _, _ = served
-    status, answer = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(image)
-                                                                                        for image in images()]})
+    status, answer = client.post(
+        "/v1/models/cifar10_resnet20:predict", {"instances": [b64(image) for image in images()]}
+    )
     assert (status, answer) == (413, {"error": message})
 
 
@@ -489,8 +666,9 @@ def test_requests_batched_together_are_answered_each_its_own(served):
         for request in range(12):
             row = (worker + request) % len(encoded)
             if request % 3 == 2:
-                status, answer = client.post("/v1/models/cifar10_resnet20:predict",
-                                             {"instances": [b64(encoded[row][:300])]})
+                status, answer = client.post(
+                    "/v1/models/cifar10_resnet20:predict", {"instances": [b64(encoded[row][:300])]}
+                )
                 assert status == 400 and answer["error"].startswith("Could not decode the image bytes"), answer
             else:
                 status, answer = client.post("/v1/models/cifar10_resnet20:predict", {"instances": [b64(encoded[row])]})
@@ -515,10 +693,14 @@ class BlockingModel:
         return [f"answer to {request.values[0]}" for request in requests]
 
 
-@pytest.mark.parametrize("batching, calls", [
-    (True, [[("a", 1)], [("a", 1)], [("a", 3), ("a", 4), ("a", 1)], [("b", 2)], [("a", 2)]]),
-    (False, [[("a", 1)], [("a", 1)], [("a", 3)], [("a", 4)], [("b", 2)], [("a", 2)], [("a", 1)]]),
-], ids=["batching", "no batching"])
+@pytest.mark.parametrize(
+    "batching, calls",
+    [
+        (True, [[("a", 1)], [("a", 1)], [("a", 3), ("a", 4), ("a", 1)], [("b", 2)], [("a", 2)]]),
+        (False, [[("a", 1)], [("a", 1)], [("a", 3)], [("a", 4)], [("b", 2)], [("a", 2)], [("a", 1)]]),
+    ],
+    ids=["batching", "no batching"],
+)
 def test_requests_that_wait_while_every_thread_is_busy_run_as_one_batch(batching, calls):
     """Two threads busy; five requests wait. With batching, the next call takes the first
     waiting request and every later one of its signature that fits in max_batch (3 + 4 + 1);
@@ -528,8 +710,10 @@ def test_requests_that_wait_while_every_thread_is_busy_run_as_one_batch(batching
 
     async def run():
         batcher = Batcher(model, threads=2, batching=batching)
-        requests = [Parsed(signature, "images", [index] * size, row_format=True)
-                    for index, (signature, size) in enumerate(sizes)]
+        requests = [
+            Parsed(signature, "images", [index] * size, row_format=True)
+            for index, (signature, size) in enumerate(sizes)
+        ]
         answers = [asyncio.ensure_future(batcher.infer(request)) for request in requests]
         await asyncio.sleep(0.2)  # every request waits or runs
         model.release.set()
@@ -543,17 +727,23 @@ def test_onnxruntime_answers_real_jpegs_as_the_saved_model_does(exported, cifar_
     """The bytes path of the onnxruntime runtime (TensorFlow's decoding, then ONNX) against
     the SavedModel's graph on 12 CIFAR-10 test JPEGs: same classes, probabilities to 1e-5."""
     _, _, directory = exported
-    files = [os.path.join(cifar_folder, "test", name, sorted(os.listdir(os.path.join(cifar_folder, "test", name)))[0])
-             for name in CIFAR_CLASSES]
-    files += [os.path.join(cifar_folder, "test", "cat", name)
-              for name in sorted(os.listdir(os.path.join(cifar_folder, "test", "cat")))[1:3]]
+    files = [
+        os.path.join(cifar_folder, "test", name, sorted(os.listdir(os.path.join(cifar_folder, "test", name)))[0])
+        for name in CIFAR_CLASSES
+    ]
+    files += [
+        os.path.join(cifar_folder, "test", "cat", name)
+        for name in sorted(os.listdir(os.path.join(cifar_folder, "test", "cat")))[1:3]
+    ]
     encoded = []
     for file in files:
         with open(file, "rb") as image:
             encoded.append(b64(image.read()))
     body = json.dumps({"instances": encoded}).encode()
-    answers = {runtime: ModelServer(str(directory), runtime=runtime).predict(body)["predictions"]
-               for runtime in tuple(RUNTIMES)}
+    answers = {
+        runtime: ModelServer(str(directory), runtime=runtime).predict(body)["predictions"]
+        for runtime in tuple(RUNTIMES)
+    }
     assert len(answers["onnxruntime"]) == 12
     for saved_model, onnx in zip(answers["tensorflow"], answers["onnxruntime"], strict=True):
         assert onnx["classes"] == saved_model["classes"] and onnx["class_ids"] == saved_model["class_ids"]
@@ -563,7 +753,10 @@ def test_onnxruntime_answers_real_jpegs_as_the_saved_model_does(exported, cifar_
     saved_model_only = tmp_path / "cifar10_resnet20"
     shutil.copytree(directory, saved_model_only)
     shutil.rmtree(saved_model_only / "1" / "onnx")
-    with pytest.raises(FileNotFoundError, match=r"^No version folder with ONNX models \(<directory>/<number>/"
-                                                r"onnx/predict_normalized.onnx\) in .*export --format onnx \(or all\)"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"^No version folder with ONNX models \(<directory>/<number>/"
+        r"onnx/predict_normalized.onnx\) in .*export --format onnx \(or all\)",
+    ):
         ModelServer(str(saved_model_only), runtime="onnxruntime")
     assert not onnx_servable(str(saved_model_only)) and onnx_servable(str(directory))

@@ -21,8 +21,18 @@ from PIL import Image
 import keras_preact
 from keras_preact import pretrained
 from tests.test_export import CIFAR, calibrated, random_pixels
-from tests.test_serving import (PREDICT, Client, b64, export_resnet20, free_port, jpegs, raw_exchange, serve_command,
-                                start_server, stop_server)
+from tests.test_serving import (
+    PREDICT,
+    Client,
+    b64,
+    export_resnet20,
+    free_port,
+    jpegs,
+    raw_exchange,
+    serve_command,
+    start_server,
+    stop_server,
+)
 from keras_preact_training import client as query_client
 from keras_preact_training import export, input_tensorflow
 from keras_preact_training import contract
@@ -57,6 +67,7 @@ def served(exported, request):
 
 
 # 1. Batching never loses a request or a slot ---------------------------------------------
+
 
 class BlockingModel:
     """A stand-in for ModelServer whose first `blocked` calls wait for `release`."""
@@ -98,8 +109,13 @@ def test_waiting_pixel_requests_are_batched_and_all_answered():
     takes 60 and 1 (60 + 10 > 64), the one after it 10; every one is answered, both threads
     come back."""
     model = BlockingModel()
-    requests = [pixel_request(1, 1), pixel_request(1, 2), pixel_request(60, 3), pixel_request(10, 4),
-                pixel_request(1, 5)]
+    requests = [
+        pixel_request(1, 1),
+        pixel_request(1, 2),
+        pixel_request(60, 3),
+        pixel_request(10, 4),
+        pixel_request(1, 5),
+    ]
     results, idle = run_batcher(model, requests)
     assert results == [float(np.sum(request.values)) for request in requests]
     assert model.calls == [[1], [1], [60, 1], [10]] and idle == 2
@@ -124,11 +140,17 @@ def test_a_failure_while_assembling_a_batch_answers_that_request_and_frees_the_s
 
 def test_a_network_that_answers_too_few_requests_fails_the_batch_and_frees_the_slot():
     model = BlockingModel(answers=lambda requests: ["one answer"])
-    results, idle = run_batcher(model, [pixel_request(1, 1), pixel_request(1, 2), pixel_request(2, 3),
-                                        pixel_request(2, 4)])
+    results, idle = run_batcher(
+        model, [pixel_request(1, 1), pixel_request(1, 2), pixel_request(2, 3), pixel_request(2, 4)]
+    )
     assert results[:2] == ["one answer", "one answer"]
-    assert all(isinstance(result, RuntimeError) and "answered 1 of the batch's 2 requests" in str(result)
-               for result in results[2:]) and idle == 2
+    assert (
+        all(
+            isinstance(result, RuntimeError) and "answered 1 of the batch's 2 requests" in str(result)
+            for result in results[2:]
+        )
+        and idle == 2
+    )
 
 
 def soak_pool(count=24):
@@ -136,14 +158,19 @@ def soak_pool(count=24):
     encoded = jpegs(random_pixels(count, CIFAR, seed=11))
     pixels = np.stack([input_tensorflow.decode_image(image, 3).numpy() for image in encoded])
     normalized = (pixels - np.array(CIFAR.normalization_mean)) / np.array(CIFAR.normalization_std)
-    return {"serving_default": [b64(image) for image in encoded], "predict_pixels": pixels.tolist(),
-            "predict_normalized": normalized.astype(np.float32).tolist()}
+    return {
+        "serving_default": [b64(image) for image in encoded],
+        "predict_pixels": pixels.tolist(),
+        "predict_normalized": normalized.astype(np.float32).tolist(),
+    }
 
 
 def invalid_instance(signature):
-    return {"serving_default": b64(b"\xff\xd8\xff not a whole JPEG"),
-            "predict_pixels": np.full(CIFAR.shape, 300).tolist(),
-            "predict_normalized": np.zeros((16, 32, 3)).tolist()}[signature]
+    return {
+        "serving_default": b64(b"\xff\xd8\xff not a whole JPEG"),
+        "predict_pixels": np.full(CIFAR.shape, 300).tolist(),
+        "predict_normalized": np.zeros((16, 32, 3)).tolist(),
+    }[signature]
 
 
 def soak(client, clients, requests_per_client):
@@ -175,8 +202,9 @@ def soak(client, clients, requests_per_client):
                 continue
             assert status == 200, answer
             for row, prediction in zip(rows, answer["predictions"], strict=True):
-                largest = max(largest, float(np.abs(np.array(prediction["probabilities"])
-                                                    - single[signature, row]).max()))
+                largest = max(
+                    largest, float(np.abs(np.array(prediction["probabilities"]) - single[signature, row]).max())
+                )
         return statuses, largest
 
     with concurrent.futures.ThreadPoolExecutor(clients) as threads:
@@ -200,8 +228,9 @@ def soak_served(exported, request):
     """`exported` served with each runtime for the full soak, with a 60 s request timeout:
     64 client threads of one Python process, building bodies of up to 700 KB of JSON on the
     server's own 2 cores, took more than the default 10 s to send some of them (408)."""
-    server, port = start_server(exported, "--max-batch", str(MAX_BATCH), "--runtime", request.param,
-                                "--request-timeout", "60")
+    server, port = start_server(
+        exported, "--max-batch", str(MAX_BATCH), "--runtime", request.param, "--request-timeout", "60"
+    )
     yield Client(f"http://127.0.0.1:{port}")
     stop_server(server)
 
@@ -214,6 +243,7 @@ def test_soak_64_clients_x_100_mixed_requests(soak_served):
 
 
 # 2. TCP_NODELAY -------------------------------------------------------------------------
+
 
 def test_accepted_connections_have_tcp_nodelay():
     """The server's listening socket says TCP, so asyncio sets TCP_NODELAY on every
@@ -253,6 +283,7 @@ def test_kept_alive_requests_are_answered_on_one_connection(served):
 
 
 # 3. Animated GIFs and every format for 1- and 3-channel models ---------------------------
+
 
 def gif_parts(encoded):
     """(head: header, screen descriptor and global colour table; the blocks after it, less the
@@ -300,8 +331,9 @@ def test_an_animated_gif_is_decoded_to_its_first_frame_only(served):
     first_frame = encoded_image(np.full((64, 64, 3), 128, np.uint8), "PNG")
     status, expected = client.post(PATH, {"instances": [b64(first_frame)]})
     for prediction in answer["predictions"]:
-        np.testing.assert_allclose(prediction["probabilities"], expected["predictions"][0]["probabilities"],
-                                   atol=BATCHING_TOLERANCE)
+        np.testing.assert_allclose(
+            prediction["probabilities"], expected["predictions"][0]["probabilities"], atol=BATCHING_TOLERANCE
+        )
 
 
 def test_a_gif_is_answered_as_the_saved_model_decodes_it(served, exported):
@@ -329,8 +361,9 @@ def grey_model(tmp_path_factory):
     pixels = random_pixels(8, grey, seed=2)
     network = calibrated(keras_preact.ResNet20(input_shape=grey.shape, classes=3), grey, pixels)
     directory = tmp_path_factory.mktemp("grey") / "grey_resnet20"
-    export.export_saved_model(network, str(directory), ["a", "b", "c"], grey, formats=("saved_model", "onnx"),
-                              verbose=False)
+    export.export_saved_model(
+        network, str(directory), ["a", "b", "c"], grey, formats=("saved_model", "onnx"), verbose=False
+    )
     return directory, grey
 
 
@@ -350,12 +383,14 @@ def test_every_format_works_for_1_and_3_channel_models(grey_model, exported, run
             assert len(predictions) == len(images), (channels, image_format)
             if image_format in ("PNG", "BMP", "GIF"):
                 pixels = grey[None, :, :, None].repeat(channels, axis=-1)
-                expected = model.predict(json.dumps({"signature_name": "predict_pixels",
-                                                     "instances": pixels.tolist()}).encode())["predictions"][0]
+                expected = model.predict(
+                    json.dumps({"signature_name": "predict_pixels", "instances": pixels.tolist()}).encode()
+                )["predictions"][0]
                 np.testing.assert_allclose(predictions[0]["probabilities"], expected["probabilities"], atol=1e-5)
 
 
 # 4. Large JSON bodies ---------------------------------------------------------------------
+
 
 def peak_megabytes(process):
     with open(f"/proc/{process.pid}/status") as status:
@@ -375,8 +410,10 @@ def test_a_body_of_millions_of_values_is_refused_before_it_is_parsed(served):
         answers = list(threads.map(lambda _: client.post(PATH, body), range(4)))
     for status, answer in answers:
         assert status == 413 and answer["error"].startswith("The request holds too many values: "), answer
-        assert answer["error"].endswith(f"where {MAX_BATCH} instances (--max-batch) of this model's largest input "
-                                        f"hold at most {MAX_BATCH * (32 * 32 * 3 + 32 * 32 + 32) + 16:,}.")
+        assert answer["error"].endswith(
+            f"where {MAX_BATCH} instances (--max-batch) of this model's largest input "
+            f"hold at most {MAX_BATCH * (32 * 32 * 3 + 32 * 32 + 32) + 16:,}."
+        )
     assert peak_megabytes(server) - before < 4 * 3 * 57, (before, peak_megabytes(server))
     status, answer = client.post(PATH, {"instances": [b64(jpegs(random_pixels(1, CIFAR))[0])]})
     assert status == 200
@@ -392,14 +429,18 @@ def test_content_length_with_chunked_is_refused_and_closed(served):
     connection closed; the request pipelined after it is never answered."""
     _, port, _ = served
     body = b'{"instances": []}'
-    request = (PREDICT + b"Host: x\r\nContent-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
-               % (len(body), len(body), body))
+    request = PREDICT + b"Host: x\r\nContent-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+        len(body),
+        len(body),
+        body,
+    )
     received = raw_exchange(port, request + SMUGGLED)
     assert received.startswith(b"HTTP/1.1 400 ") and received.count(b"HTTP/1.1 ") == 1, received[:300]
     head, answer = received.split(b"\r\n\r\n", 1)
     assert b"connection: close" in head.lower()
-    assert json.loads(answer) == {"error": "The request has both Content-Length and Transfer-Encoding: send one of "
-                                           "them."}
+    assert json.loads(answer) == {
+        "error": "The request has both Content-Length and Transfer-Encoding: send one of them."
+    }
 
 
 def test_a_whole_request_followed_by_a_half_close_is_answered(served):
@@ -454,10 +495,12 @@ def test_an_http_version_other_than_1_is_a_505(served):
     received = raw_exchange(port, b"GET /v1/models/cifar10_resnet20 HTTP/2.0\r\nHost: x\r\n\r\n" + SMUGGLED)
     assert received.startswith(b"HTTP/1.1 505 ") and received.count(b"HTTP/1.1 ") == 1, received[:300]
     assert json.loads(received.split(b"\r\n\r\n", 1)[1]) == {
-        "error": "HTTP/2.0 is not supported: this server speaks HTTP/1.1."}
+        "error": "HTTP/2.0 is not supported: this server speaks HTTP/1.1."
+    }
 
 
 # 6. The ONNX models are checked at start -----------------------------------------------------
+
 
 def damaged_copy(exported, tmp_path, change):
     directory = tmp_path / "cifar10_resnet20"
@@ -471,6 +514,7 @@ def edit_metadata(edit):
         metadata = json.loads((version / "metadata.json").read_text())
         edit(metadata)
         (version / "metadata.json").write_text(json.dumps(metadata))
+
     return change
 
 
@@ -484,30 +528,61 @@ def swap_onnx_files(version):
 ONNX = "{version}/onnx/predict_pixels.onnx"
 
 
-@pytest.mark.parametrize("change, message", [
-    (edit_metadata(lambda metadata: metadata.update(class_names=["a", "b", "c"])),
-     "The ONNX model {version}/onnx/predict_pixels.onnx answers {{'class_ids': [None], 'logits': [None, 10], "
-     "'probabilities': [None, 10]}}, where metadata.json's 3 classes need ['logits', 'probabilities', 'class_ids'] "
-     "with 3 "
-     "logits: the file belongs to another model. Export the model again."),
-    (edit_metadata(lambda metadata: metadata.pop("class_names")),
-     "{version}/metadata.json has no list of class names ('class_names'): export the model again."),
-    (lambda version: (version / "onnx" / "predict_pixels.onnx").write_bytes(b""),
-     f"The ONNX model {ONNX} is not the one exported with {{version}}/metadata.json: its SHA-256 differs from the "
-     "recorded"),
-    (lambda version: (version / "onnx" / "predict_pixels.onnx").unlink(),
-     f"Could not load the ONNX model {ONNX} (missing, empty, truncated or corrupt: export it again): "),
-    (swap_onnx_files, f"The ONNX model {ONNX} is not the one exported with {{version}}/metadata.json: its SHA-256 "),
-    (lambda version: (swap_onnx_files(version),
-                      edit_metadata(lambda metadata: metadata["onnx"].pop("sha256"))(version)),
-     f"The ONNX model {ONNX} takes [('normalized', 'tensor(float)', [None, 32, 32, 3])], where its signature takes "
-     "[('pixels', 'tensor(uint8)', [None, 32, 32, 3])]: the file belongs to another signature or model."),
-    (lambda version: (edit_metadata(lambda metadata: metadata["onnx"].pop("sha256"))(version),
-                      (version / "onnx" / "predict_pixels.onnx").write_bytes(
-                          (version / "onnx" / "predict_pixels.onnx").read_bytes()[:5000])),
-     f"Could not load the ONNX model {ONNX} (missing, empty, truncated or corrupt: export it again): "),
-], ids=["3 class names for 10 outputs", "no class names", "empty file", "missing file", "files swapped",
-        "files swapped, no hashes", "truncated, no hashes"])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            edit_metadata(lambda metadata: metadata.update(class_names=["a", "b", "c"])),
+            "The ONNX model {version}/onnx/predict_pixels.onnx answers {{'class_ids': [None], 'logits': [None, 10], "
+            "'probabilities': [None, 10]}}, where metadata.json's 3 classes need ['logits', 'probabilities', 'class_ids'] "
+            "with 3 "
+            "logits: the file belongs to another model. Export the model again.",
+        ),
+        (
+            edit_metadata(lambda metadata: metadata.pop("class_names")),
+            "{version}/metadata.json has no list of class names ('class_names'): export the model again.",
+        ),
+        (
+            lambda version: (version / "onnx" / "predict_pixels.onnx").write_bytes(b""),
+            f"The ONNX model {ONNX} is not the one exported with {{version}}/metadata.json: its SHA-256 differs from the "
+            "recorded",
+        ),
+        (
+            lambda version: (version / "onnx" / "predict_pixels.onnx").unlink(),
+            f"Could not load the ONNX model {ONNX} (missing, empty, truncated or corrupt: export it again): ",
+        ),
+        (
+            swap_onnx_files,
+            f"The ONNX model {ONNX} is not the one exported with {{version}}/metadata.json: its SHA-256 ",
+        ),
+        (
+            lambda version: (
+                swap_onnx_files(version),
+                edit_metadata(lambda metadata: metadata["onnx"].pop("sha256"))(version),
+            ),
+            f"The ONNX model {ONNX} takes [('normalized', 'tensor(float)', [None, 32, 32, 3])], where its signature takes "
+            "[('pixels', 'tensor(uint8)', [None, 32, 32, 3])]: the file belongs to another signature or model.",
+        ),
+        (
+            lambda version: (
+                edit_metadata(lambda metadata: metadata["onnx"].pop("sha256"))(version),
+                (version / "onnx" / "predict_pixels.onnx").write_bytes(
+                    (version / "onnx" / "predict_pixels.onnx").read_bytes()[:5000]
+                ),
+            ),
+            f"Could not load the ONNX model {ONNX} (missing, empty, truncated or corrupt: export it again): ",
+        ),
+    ],
+    ids=[
+        "3 class names for 10 outputs",
+        "no class names",
+        "empty file",
+        "missing file",
+        "files swapped",
+        "files swapped, no hashes",
+        "truncated, no hashes",
+    ],
+)
 def test_onnx_files_are_checked_at_start(exported, tmp_path, change, message):
     directory = damaged_copy(exported, tmp_path, change)
     with pytest.raises(ValueError) as error:
@@ -529,8 +604,9 @@ def test_the_tensorflow_runtime_checks_the_class_names_too(exported, tmp_path):
 
 
 def test_a_bad_start_is_one_line_and_auto_falls_back_to_the_saved_model(exported, tmp_path):
-    directory = damaged_copy(exported, tmp_path, lambda version: (version / "onnx" / "predict_pixels.onnx")
-                             .write_bytes(b"truncated"))
+    directory = damaged_copy(
+        exported, tmp_path, lambda version: (version / "onnx" / "predict_pixels.onnx").write_bytes(b"truncated")
+    )
     result = serve_command(str(directory), "--port", str(free_port()), "--runtime", "onnxruntime")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
@@ -538,8 +614,9 @@ def test_a_bad_start_is_one_line_and_auto_falls_back_to_the_saved_model(exported
 
     server, port = start_server(directory, "--runtime", "auto")
     try:
-        status, answer = Client(f"http://127.0.0.1:{port}").post(PATH, {"instances": [b64(jpegs(random_pixels(
-            1, CIFAR))[0])]})
+        status, answer = Client(f"http://127.0.0.1:{port}").post(
+            PATH, {"instances": [b64(jpegs(random_pixels(1, CIFAR))[0])]}
+        )
         assert status == 200
     finally:
         stop_server(server)
@@ -549,6 +626,7 @@ def test_a_bad_start_is_one_line_and_auto_falls_back_to_the_saved_model(exported
 
 # 7. Other files and folders --------------------------------------------------------------------
 
+
 def test_a_folder_name_no_url_reaches_is_refused(exported, tmp_path):
     directory = tmp_path / "a:b"
     shutil.copytree(exported, directory)
@@ -556,13 +634,19 @@ def test_a_folder_name_no_url_reaches_is_refused(exported, tmp_path):
         ModelServer(str(directory))
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{not json", "is not valid JSON"),
-    ('{"cifar10": {"resnet20": {"file": "x.weights.h5"}}}', "is damaged: its entry cifar10.resnet20 lacks sha256, "
-                                                            "test_error"),
-    ('{"cifar10": ["resnet20"]}', "is damaged: its entry cifar10 lacks file, sha256, test_error"),
-    ("[1, 2]", "must map data sets to networks"),
-], ids=["not JSON", "entry without fields", "not a mapping of networks", "a list"])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "is not valid JSON"),
+        (
+            '{"cifar10": {"resnet20": {"file": "x.weights.h5"}}}',
+            "is damaged: its entry cifar10.resnet20 lacks sha256, test_error",
+        ),
+        ('{"cifar10": ["resnet20"]}', "is damaged: its entry cifar10 lacks file, sha256, test_error"),
+        ("[1, 2]", "must map data sets to networks"),
+    ],
+    ids=["not JSON", "entry without fields", "not a mapping of networks", "a list"],
+)
 def test_a_malformed_registry_is_an_error_that_names_it(tmp_path, content, message):
     path = tmp_path / "registry.json"
     path.write_text(content)
@@ -574,8 +658,11 @@ def test_a_malformed_registry_is_an_error_that_names_it(tmp_path, content, messa
 
 def test_corrupt_metadata_and_summary_name_their_path(exported, tmp_path):
     directory = damaged_copy(exported, tmp_path, lambda version: (version / "metadata.json").write_text('{"name'))
-    with pytest.raises(ValueError, match=rf"^{directory / '1' / 'metadata.json'} is not valid JSON \(truncated or "
-                                         r"corrupt: .*\): export the model again."):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{directory / '1' / 'metadata.json'} is not valid JSON \(truncated or "
+        r"corrupt: .*\): export the model again.",
+    ):
         ModelServer(str(directory))
     run = tmp_path / "run"
     run.mkdir()
@@ -586,8 +673,14 @@ def test_corrupt_metadata_and_summary_name_their_path(exported, tmp_path):
 
 
 def cli(*arguments):
-    return subprocess.run([KERAS_PREACT, *arguments], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow"))
+    return subprocess.run(
+        [KERAS_PREACT, *arguments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow"),
+    )
 
 
 def test_an_output_or_run_folder_under_a_regular_file_is_a_clear_error(tmp_path):
@@ -595,8 +688,10 @@ def test_an_output_or_run_folder_under_a_regular_file_is_a_clear_error(tmp_path)
     blocking.write_text("")
     result = cli("export", "--model", "resnet20", "--weights", "cifar10", "--output", str(blocking / "models"))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert (f"error: Cannot make the model folder {blocking / 'models' / 'cifar10_resnet20'}: {blocking} is a file, "
-            "not a folder.") in result.stderr
+    assert (
+        f"error: Cannot make the model folder {blocking / 'models' / 'cifar10_resnet20'}: {blocking} is a file, "
+        "not a folder."
+    ) in result.stderr
     result = cli("train", "--run-dir", str(blocking / "run"), "--set", "duration=1")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert f"error: Cannot make the run folder {blocking / 'run'}: {blocking} is a file, not a folder." in result.stderr
@@ -623,6 +718,8 @@ def test_query_against_a_server_that_does_not_answer_json(tmp_path):
         with pytest.raises(ValueError) as error:
             query_client.query(url, "m", [str(image)])
         server.shutdown()
-    assert str(error.value) == (f"{url}/v1/models/m:predict answered 200 with a body that is not a JSON object, so it "
-                                "is not TF Serving's REST API (is --server right?). "
-                                "Received: '<html>a web page</html>'")
+    assert str(error.value) == (
+        f"{url}/v1/models/m:predict answered 200 with a body that is not a JSON object, so it "
+        "is not TF Serving's REST API (is --server right?). "
+        "Received: '<html>a web page</html>'"
+    )

@@ -42,7 +42,8 @@ def encoded(pixels, image_format, **options):
     stream = io.BytesIO()
     image = Image.fromarray(pixels)
     (image.quantize(64) if image_format == "palette PNG" else image).save(
-        stream, format="PNG" if image_format == "palette PNG" else image_format, **options)
+        stream, format="PNG" if image_format == "palette PNG" else image_format, **options
+    )
     return stream.getvalue()
 
 
@@ -52,12 +53,17 @@ def image_battery(seed=0):
     rgb, rgba = rng.integers(0, 256, (37, 53, 3), np.uint8), rng.integers(0, 256, (41, 29, 4), np.uint8)
     grey = rng.integers(0, 256, (33, 47), np.uint8)
     return {
-        "JPEG RGB": encoded(rgb, "JPEG", quality=75), "JPEG grey": encoded(grey, "JPEG"),
-        "PNG RGB": encoded(rgb, "PNG"), "PNG RGBA": encoded(rgba, "PNG"), "PNG grey": encoded(grey, "PNG"),
+        "JPEG RGB": encoded(rgb, "JPEG", quality=75),
+        "JPEG grey": encoded(grey, "JPEG"),
+        "PNG RGB": encoded(rgb, "PNG"),
+        "PNG RGBA": encoded(rgba, "PNG"),
+        "PNG grey": encoded(grey, "PNG"),
         "PNG grey and alpha": encoded(np.asarray(Image.fromarray(rgba).convert("LA")), "PNG"),
         "PNG palette": encoded(rgb, "palette PNG"),
         "PNG 16-bit grey": encoded(rng.integers(0, 65536, (35, 31), np.uint16), "PNG"),
-        "BMP RGB": encoded(rgb, "BMP"), "BMP grey": encoded(grey, "BMP"), "BMP RGBA": encoded(rgba, "BMP"),
+        "BMP RGB": encoded(rgb, "BMP"),
+        "BMP grey": encoded(grey, "BMP"),
+        "BMP RGBA": encoded(rgba, "BMP"),
         "JPEG 640 x 480": encoded(rng.integers(0, 256, (480, 640, 3), np.uint8), "JPEG"),
     }
 
@@ -77,8 +83,9 @@ def test_pillow_and_numpy_preprocess_every_format_as_the_saved_model_does(channe
 
 def test_the_decoder_of_a_damaged_image_says_why():
     with pytest.raises(ValueError, match=r"^instance 1 \(10 bytes\): UnidentifiedImageError: cannot identify"):
-        images.preprocess([encoded(np.zeros((4, 4, 3), np.uint8), "PNG"), b"not image!"],
-                          Preprocessing(4, 3, (0.0,) * 3, (1.0,) * 3))
+        images.preprocess(
+            [encoded(np.zeros((4, 4, 3), np.uint8), "PNG"), b"not image!"], Preprocessing(4, 3, (0.0,) * 3, (1.0,) * 3)
+        )
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +109,11 @@ def assert_same_answers(received, expected):
 def test_onnxruntime_answers_cifar_jpegs_and_odd_sized_images_as_tensorflow_does(exported, cifar_folder):
     """100 CIFAR-10 test JPEGs (10 a class) and the battery of formats at odd sizes: the
     same classes, probabilities within 1e-4."""
-    files = [os.path.join(cifar_folder, "test", name, file) for name in CIFAR_CLASSES
-             for file in sorted(os.listdir(os.path.join(cifar_folder, "test", name)))[:10]]
+    files = [
+        os.path.join(cifar_folder, "test", name, file)
+        for name in CIFAR_CLASSES
+        for file in sorted(os.listdir(os.path.join(cifar_folder, "test", name)))[:10]
+    ]
     jpegs = []
     for file in files:
         with open(file, "rb") as image:
@@ -121,11 +131,16 @@ def test_the_onnxruntime_server_runs_where_tensorflow_and_keras_cannot_be_import
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-c", BLOCKER, "serve", str(exported), "--port", str(port), "--runtime", "onnxruntime"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = server.stdout.readline()
-        assert line.startswith(f"Serving cifar10_resnet20 version 1 ({exported / '1'}, onnxruntime)"), \
+        assert line.startswith(f"Serving cifar10_resnet20 version 1 ({exported / '1'}, onnxruntime)"), (
             line + server.stderr.read()[-3000:]
+        )
         client = Client(f"http://127.0.0.1:{port}")
         reference = ModelServer(str(exported), runtime="tensorflow")
         path = "/v1/models/cifar10_resnet20"
@@ -141,8 +156,9 @@ def test_the_onnxruntime_server_runs_where_tensorflow_and_keras_cannot_be_import
         status, answer = client.post(path + ":predict", body)
         expected = reference.predict(json.dumps(body).encode())["outputs"]
         assert status == 200 and answer["outputs"]["classes"] == expected["classes"]
-        np.testing.assert_allclose(answer["outputs"]["probabilities"], expected["probabilities"],
-                                   atol=PROBABILITY_TOLERANCE)
+        np.testing.assert_allclose(
+            answer["outputs"]["probabilities"], expected["probabilities"], atol=PROBABILITY_TOLERANCE
+        )
         status, answer = client.post(path + ":predict", {"instances": [b64(battery[0][:200])]})
         assert status == 400 and answer["error"].startswith("Could not decode the image bytes"), answer
     finally:

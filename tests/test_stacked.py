@@ -14,13 +14,17 @@ from tests.test_models import PARAMETER_COUNTS
 NETWORKS = {
     "pre-activation ResNet-20": lambda **options: keras_preact.ResNet20(classes=10, **options),
     "original ResNet-20, projections": lambda **options: keras_preact.get_model(
-        "resnet20_original", classes=10, shortcut="projection", **options),
+        "resnet20_original", classes=10, shortcut="projection", **options
+    ),
     "BN after addition, bottleneck ResNet-29": lambda **options: keras_preact.CifarResNet(
-        29, "bottleneck", unit="bn_after_addition", classes=10, **options),
+        29, "bottleneck", unit="bn_after_addition", classes=10, **options
+    ),
     "exclusive gating, b_g = -2": lambda **options: keras_preact.ResNet20(
-        classes=10, merge=merges.ExclusiveGating(gate_bias=-2), **options),
+        classes=10, merge=merges.ExclusiveGating(gate_bias=-2), **options
+    ),
     "ReLU-only pre-activation, single-layer units": lambda **options: keras_preact.CifarResNet(
-        11, "single", unit="relu_only_preactivation", classes=10, **options),
+        11, "single", unit="relu_only_preactivation", classes=10, **options
+    ),
 }
 
 
@@ -58,8 +62,12 @@ def test_the_loop_computes_the_network_of_separate_units(name):
     assert any(isinstance(layer, stacked.StackedUnits) for layer in looped.layers)
     images = random_images((4, 32, 32, 3))
     for training in (False, True):
-        np.testing.assert_allclose(keras.ops.convert_to_numpy(looped(images, training=training)),
-                                   keras.ops.convert_to_numpy(separate(images, training=training)), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(looped(images, training=training)),
+            keras.ops.convert_to_numpy(separate(images, training=training)),
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 @pytest.mark.parametrize("rematerialize", [False, True], ids=["kept", "rematerialized"])
@@ -103,7 +111,10 @@ def test_a_frozen_loop_runs_its_units_in_inference_mode():
     stack.trainable = False
     before = [np.array(variable) for variable in stack.weights]
     images = random_images((4, 16, 16, 32), seed=5)
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(stack(images, training=True)), keras.ops.convert_to_numpy(stack(images, training=False)))
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(stack(images, training=True)),
+        keras.ops.convert_to_numpy(stack(images, training=False)),
+    )
     for want, variable in zip(before, stack.weights, strict=True):
         np.testing.assert_array_equal(np.array(variable), want)
 
@@ -148,7 +159,9 @@ def test_keras_save_and_load_keep_the_loop(tmp_path):
     stack = loaded.get_layer("stage2_units2to3")
     assert isinstance(stack, stacked.StackedUnits) and stack.rematerialize and stack.count == 2
     images = random_images((2, 32, 32, 3), seed=3)
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded(images)), keras.ops.convert_to_numpy(looped(images)))
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded(images)), keras.ops.convert_to_numpy(looped(images))
+    )
 
 
 def test_copy_weights_round_trips_and_refuses_another_network():
@@ -161,19 +174,35 @@ def test_copy_weights_round_trips_and_refuses_another_network():
         keras_preact.copy_weights(separate, keras_preact.ResNet32(classes=10, scan_units=True))
 
 
-@pytest.mark.parametrize("build, message", [
-    (lambda: keras_preact.ResNet20(scan_units="yes"),
-     r"scan_units must be True, False or None \(loops for the deepest networks\). Received: scan_units='yes'"),
-    (lambda: stacked.StackedUnits(units.PreActivationUnit(16, strides=2, shortcut="projection"), 3),
-     "unit must keep its input's shape"),
-    (lambda: stacked.StackedUnits(units.PreActivationUnit(16), 0), "count must be a positive integer. Received: count=0"),
-    (lambda: stacked.StackedUnits("stage1_unit2", 3), "unit must be an unbuilt residual unit"),
-    (lambda: stacked.StackedUnits(units.PreActivationUnit(16, form="bottleneck", shortcut="projection"), 3)(
-        keras.Input((8, 8, 16))),
-     r"maps \(None, 8, 8, 16\) to \(None, 8, 8, 64\)"),
-    (lambda: keras_preact.ResNet20(scan_units=True, merge=merges.ShortcutDropout()),
-     "random state such as ShortcutDropout's cannot be stacked"),
-], ids=["not a bool", "strided unit", "no units", "not a unit", "changes width", "shortcut dropout"])
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (
+            lambda: keras_preact.ResNet20(scan_units="yes"),
+            r"scan_units must be True, False or None \(loops for the deepest networks\). Received: scan_units='yes'",
+        ),
+        (
+            lambda: stacked.StackedUnits(units.PreActivationUnit(16, strides=2, shortcut="projection"), 3),
+            "unit must keep its input's shape",
+        ),
+        (
+            lambda: stacked.StackedUnits(units.PreActivationUnit(16), 0),
+            "count must be a positive integer. Received: count=0",
+        ),
+        (lambda: stacked.StackedUnits("stage1_unit2", 3), "unit must be an unbuilt residual unit"),
+        (
+            lambda: stacked.StackedUnits(units.PreActivationUnit(16, form="bottleneck", shortcut="projection"), 3)(
+                keras.Input((8, 8, 16))
+            ),
+            r"maps \(None, 8, 8, 16\) to \(None, 8, 8, 64\)",
+        ),
+        (
+            lambda: keras_preact.ResNet20(scan_units=True, merge=merges.ShortcutDropout()),
+            "random state such as ShortcutDropout's cannot be stacked",
+        ),
+    ],
+    ids=["not a bool", "strided unit", "no units", "not a unit", "changes width", "shortcut dropout"],
+)
 def test_bad_arguments_raise_clear_errors(build, message):
     with pytest.raises(ValueError, match=message):
         build()
@@ -184,6 +213,7 @@ def test_loops_by_default_only_where_a_stage_has_100_units():
     """`scan_units=None`: loops for ResNet-1001 and ResNet-1202, where separate units take
     minutes to the first step; separate units up to ImageNet's 36 units per stage, and for
     ShortcutDropout, which cannot be stacked."""
+
     def looped(architecture, merge=None):
         return keras_preact.models.loops_by_default(keras_preact.ARCHITECTURES[architecture], merge)
 
@@ -210,8 +240,12 @@ def test_a_weights_file_loads_into_either_layout(tmp_path, saved_with_loops):
     for want, got in zip(keras_preact.separate_units(loaded).get_weights(), separate.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
     images = random_images((4, 32, 32, 3), seed=5)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(images, training=True)), keras.ops.convert_to_numpy(separate(images, training=True)),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(loaded(images, training=True)),
+        keras.ops.convert_to_numpy(separate(images, training=True)),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_a_weights_file_of_another_network_fits_neither_layout(tmp_path):
@@ -224,14 +258,21 @@ def test_a_weights_file_of_another_network_fits_neither_layout(tmp_path):
 def test_analysis_measures_looped_units_one_by_one_and_reaches_their_batch_norms():
     separate, model = twins(NETWORKS["pre-activation ResNet-20"])
     assert [unit.name for unit in keras_preact.analysis.residual_units(model)] == [
-        f"stage{stage}_unit{index}" for stage in (1, 2, 3) for index in (1, 2, 3)]
+        f"stage{stage}_unit{index}" for stage in (1, 2, 3) for index in (1, 2, 3)
+    ]
     assert [unit.name for unit in keras_preact.analysis.stage_units(model, 2)] == ["stage2_unit2", "stage2_unit3"]
     images, labels = random_images((4, 32, 32, 3), seed=6), np.arange(4)
-    for got, want in zip(keras_preact.analysis.propagation(model, images, labels),
-                         keras_preact.analysis.propagation(separate, images, labels), strict=True):
+    for got, want in zip(
+        keras_preact.analysis.propagation(model, images, labels),
+        keras_preact.analysis.propagation(separate, images, labels),
+        strict=True,
+    ):
         assert got.name == want.name
-        np.testing.assert_allclose([got.output_norm, got.input_gradient_norm, got.weight_gradient_norm],
-                                   [want.output_norm, want.input_gradient_norm, want.weight_gradient_norm], rtol=1e-4)
+        np.testing.assert_allclose(
+            [got.output_norm, got.input_gradient_norm, got.weight_gradient_norm],
+            [want.output_norm, want.input_gradient_norm, want.weight_gradient_norm],
+            rtol=1e-4,
+        )
     assert keras_preact.separate_units(separate) is separate
     norms = walks.batch_norms(model)
     assert len(norms) == len(walks.batch_norms(keras_preact.ResNet20(classes=10))) - 3 * 2  # a unit less per stage
@@ -240,8 +281,12 @@ def test_analysis_measures_looped_units_one_by_one_and_reaches_their_batch_norms
     # BatchNorm; 0.44 % measured at the outputs).
     images = random_images((16, 32, 32, 3), seed=4)
     keras_preact.analysis.set_batch_norm_statistics(model, images)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(images, training=False)), keras.ops.convert_to_numpy(model(images, training=True)),
-                               rtol=1e-2, atol=1e-5)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(model(images, training=False)),
+        keras.ops.convert_to_numpy(model(images, training=True)),
+        rtol=1e-2,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.tensorflow
@@ -257,7 +302,9 @@ def test_training_checkpoints_restore_the_stacked_weights(tmp_path):
     fresh = keras_preact.ResNet20(classes=10, scan_units=True)
     fresh_optimizer = keras.optimizers.SGD(0.1, momentum=0.9, name="sgd")  # variables named as in a new process
     fresh_optimizer.build(fresh.trainable_variables)
-    checkpoints.load(fresh, fresh_optimizer, checkpoints.read(path, checkpoints.variables_by_key(fresh, fresh_optimizer)))
+    checkpoints.load(
+        fresh, fresh_optimizer, checkpoints.read(path, checkpoints.variables_by_key(fresh, fresh_optimizer))
+    )
     for want, got in zip(trained.variables, fresh.variables, strict=True):
         np.testing.assert_array_equal(np.array(got), np.array(want), err_msg=want.path)
 
@@ -267,7 +314,10 @@ def test_moving_statistics_are_every_batch_norm_statistic_of_the_model(scan_unit
     """What the training loop averages over replicas: in loops, the stacked variables."""
     model = keras_preact.ResNet20(classes=10, scan_units=scan_units)
     found = walks.moving_statistics(model)
-    expected = [variable for variable in model.non_trainable_variables if variable.name.startswith("moving_")
-                or "_moving_" in variable.name]
+    expected = [
+        variable
+        for variable in model.non_trainable_variables
+        if variable.name.startswith("moving_") or "_moving_" in variable.name
+    ]
     assert len(found) == len(expected) == (38 if not scan_units else 26)
     assert {id(variable) for variable in found} == {id(variable) for variable in expected}

@@ -26,14 +26,25 @@ pytestmark = pytest.mark.tensorflow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIGITS = configs.CONFIGS["digits_demo"]
 # A short digits run: 2 epochs of 22 steps, every event several times.
-SHORT = ["--set", "duration=2", "--set", "checkpoint_every=5", "--set", "evaluate_every=20", "--set", "log_every=1",
-         "--set", "deterministic=true"]
+SHORT = [
+    "--set",
+    "duration=2",
+    "--set",
+    "checkpoint_every=5",
+    "--set",
+    "evaluate_every=20",
+    "--set",
+    "log_every=1",
+    "--set",
+    "deterministic=true",
+]
 
 
 def run_training(*arguments, env=None, timeout=600, backend="tensorflow"):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend, **(env or {}))
-    return subprocess.run([KERAS_PREACT, "train", *arguments], cwd=ROOT, env=environment,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [KERAS_PREACT, "train", *arguments], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def final_weights(run_dir):
@@ -47,9 +58,11 @@ def digest(output):
 
 # Input pipelines ------------------------------------------------------------------------
 
+
 def batches(split, config, first_step, total_steps, context=None):
-    dataset = input_tensorflow.training_batches(split, config, configs.steps_per_epoch(split.size, config.batch_size),
-                                    first_step, total_steps, context)
+    dataset = input_tensorflow.training_batches(
+        split, config, configs.steps_per_epoch(split.size, config.batch_size), first_step, total_steps, context
+    )
     return [(images.numpy(), labels.numpy()) for images, labels in dataset]
 
 
@@ -66,8 +79,10 @@ def test_digits_split(digits):
 
 def test_each_epoch_is_a_new_permutation(digits):
     config = DIGITS.override("batch_size=479")  # 3 steps an epoch use all 1,437 examples
-    labels_and_pixels = [np.concatenate([images.reshape(len(images), -1), labels[:, None]], axis=1)
-                         for images, labels in batches(digits.train, config, 0, 6)]
+    labels_and_pixels = [
+        np.concatenate([images.reshape(len(images), -1), labels[:, None]], axis=1)
+        for images, labels in batches(digits.train, config, 0, 6)
+    ]
     first, second = np.concatenate(labels_and_pixels[:3]), np.concatenate(labels_and_pixels[3:])
     everything = np.concatenate([digits.train.items.reshape(1437, -1), digits.train.labels[:, None]], axis=1)
     sort = lambda rows: rows[np.lexsort(rows.T[::-1])]  # noqa: E731
@@ -98,8 +113,10 @@ def test_resumed_pipeline_continues_the_same_order(digits, streamed):
 def test_replicas_and_workers_split_each_global_batch(digits, pipelines, replicas):
     config = DIGITS.override("batch_size=64")
     whole = batches(digits.train, config, 0, 4)
-    shards = [batches(digits.train, config, 0, 4, tf.distribute.InputContext(pipelines, index, replicas))
-              for index in range(pipelines)]
+    shards = [
+        batches(digits.train, config, 0, 4, tf.distribute.InputContext(pipelines, index, replicas))
+        for index in range(pipelines)
+    ]
     per_pipeline = replicas // pipelines
     for step, (images, labels) in enumerate(whole):
         pieces = [shard[step * per_pipeline + local] for shard in shards for local in range(per_pipeline)]
@@ -109,8 +126,10 @@ def test_replicas_and_workers_split_each_global_batch(digits, pipelines, replica
 
 def test_streamed_epochs_are_reshuffled(digits):
     config = DIGITS.override("batch_size=479")
-    first, second = [np.concatenate([labels for _, labels in batches(as_stream(digits.train), config, start, start + 3)])
-                     for start in (0, 3)]
+    first, second = [
+        np.concatenate([labels for _, labels in batches(as_stream(digits.train), config, start, start + 3)])
+        for start in (0, 3)
+    ]
     np.testing.assert_array_equal(np.sort(first), np.sort(digits.train.labels))
     assert not np.array_equal(first, second)
 
@@ -126,8 +145,11 @@ def test_imagenet_crops():
 
 
 def test_image_folder(cifar_folder):
-    folder = data.load(configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={cifar_folder}",
-                                                                  "train_examples=1000", "test_examples=100"))
+    folder = data.load(
+        configs.CONFIGS["cifar10_paper"].override(
+            "dataset=folder", f"data_dir={cifar_folder}", "train_examples=1000", "test_examples=100"
+        )
+    )
     assert folder.class_names[:3] == ["airplane", "automobile", "bird"]
     assert (folder.train.size, folder.test.size) == (1000, 100)
     images, labels = next(iter(input_tensorflow.evaluation_batches(folder.test, 100)))
@@ -139,7 +161,10 @@ def test_image_folder(cifar_folder):
 def test_a_run_names_its_data_by_the_folder_or_the_data_set():
     folder = DIGITS.override("dataset=folder", "data_dir=/data/images/cifar10-jpeg/")
     assert (data.name(folder), data.name(DIGITS), data.name(configs.CONFIGS["cifar10_paper"])) == (
-        "cifar10-jpeg", "digits", "cifar10")
+        "cifar10-jpeg",
+        "digits",
+        "cifar10",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -158,10 +183,18 @@ def tfds_cifar10(cifar_folder, tmp_path_factory):
                 image = tf.io.decode_jpeg(tf.io.read_file(os.path.join(folder, file))).numpy()
                 yield f"{name}_{file}", {"id": f"{name}_{file}", "image": image, "label": label}
 
-    features = tfds.features.FeaturesDict({"id": tfds.features.Text(), "image": tfds.features.Image(shape=(32, 32, 3)),
-                                           "label": tfds.features.ClassLabel(names=names)})
+    features = tfds.features.FeaturesDict(
+        {
+            "id": tfds.features.Text(),
+            "image": tfds.features.Image(shape=(32, 32, 3)),
+            "label": tfds.features.ClassLabel(names=names),
+        }
+    )
     tfds.dataset_builders.store_as_tfds_dataset(
-        name="cifar10", version="3.0.2", features=features, data_dir=str(data_dir),
+        name="cifar10",
+        version="3.0.2",
+        features=features,
+        data_dir=str(data_dir),
         split_datasets={"train": list(examples("train", 20)), "test": list(examples("test", 10))},
     )
     return str(data_dir)
@@ -170,9 +203,24 @@ def tfds_cifar10(cifar_folder, tmp_path_factory):
 def test_tensorflow_datasets_cifar10(tfds_cifar10, tmp_path):
     dataset = data.load(configs.CONFIGS["cifar10_paper"].override(f"data_dir={tfds_cifar10}"))
     assert (dataset.train.size, dataset.test.size, dataset.class_names[0]) == (200, 100, "airplane")
-    result = run_training("--config", "cifar10_paper", "--model", "resnet20", "--data-dir", tfds_cifar10,
-                          "--run-dir", str(tmp_path / "run"), "--set", "batch_size=50", "--set", "duration=2",
-                          "--set", "schedule_unit=epochs", "--set", "warmup=0")
+    result = run_training(
+        "--config",
+        "cifar10_paper",
+        "--model",
+        "resnet20",
+        "--data-dir",
+        tfds_cifar10,
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--set",
+        "batch_size=50",
+        "--set",
+        "duration=2",
+        "--set",
+        "schedule_unit=epochs",
+        "--set",
+        "warmup=0",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 8 and summary["dataset"] == "cifar10"
@@ -184,6 +232,7 @@ def test_missing_data_directory_is_a_clear_error(tmp_path):
 
 
 # The real entry point -------------------------------------------------------------------
+
 
 def test_help_documents_every_option():
     result = subprocess.run([KERAS_PREACT, "train", "--help"], cwd=ROOT, capture_output=True, text=True)
@@ -199,10 +248,34 @@ def test_cifar10_end_to_end(cifar_folder, tmp_path):
     """
     run_dir = tmp_path / "cifar"
     result = run_training(
-        "--config", "cifar10_paper", "--model", "resnet20", "--data-dir", cifar_folder, "--run-dir", str(run_dir),
-        "--set", "dataset=folder", "--set", "train_examples=10000", "--set", "test_examples=1000",
-        "--set", "batch_size=64", "--set", "reference_batch_size=64", "--set", "duration=300",
-        "--set", "decay_boundaries=200,260", "--set", "warmup=0", "--set", "evaluate_every=100", "--set", "log_every=50",
+        "--config",
+        "cifar10_paper",
+        "--model",
+        "resnet20",
+        "--data-dir",
+        cifar_folder,
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "dataset=folder",
+        "--set",
+        "train_examples=10000",
+        "--set",
+        "test_examples=1000",
+        "--set",
+        "batch_size=64",
+        "--set",
+        "reference_batch_size=64",
+        "--set",
+        "duration=300",
+        "--set",
+        "decay_boundaries=200,260",
+        "--set",
+        "warmup=0",
+        "--set",
+        "evaluate_every=100",
+        "--set",
+        "log_every=50",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -221,14 +294,21 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, backend):
     uninterrupted = run_training("--run-dir", str(tmp_path / "whole"), *SHORT, backend=backend)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     # The log gives each step's own rate: one epoch (22 steps) of warm-up at 0.005, then 0.05.
-    rates = {int(row.split(",")[0]): float(row.split(",")[4])
-             for row in (tmp_path / "whole" / "log.csv").read_text().splitlines()[1:]}
+    rates = {
+        int(row.split(",")[0]): float(row.split(",")[4])
+        for row in (tmp_path / "whole" / "log.csv").read_text().splitlines()[1:]
+    }
     assert (rates[22], rates[23]) == (pytest.approx(0.005), pytest.approx(0.05))
 
     resumed_dir = tmp_path / "killed"
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend)
-    process = subprocess.Popen([KERAS_PREACT, "train", "--run-dir", str(resumed_dir), *SHORT],
-                               cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [KERAS_PREACT, "train", "--run-dir", str(resumed_dir), *SHORT],
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     checkpoints = resumed_dir / "checkpoints"
     deadline = time.time() + 300
     # Kill it mid-run: after its second checkpoint (step 10), before the last (step 44).
@@ -240,7 +320,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, backend):
 
     # The newest checkpoint truncated (a full disk, a copy cut short) and a half-written one
     # beside it: the run resumes from the checkpoint before, and loses nothing.
-    steps = sorted(int(path.name[len("ckpt-"):-len(".npz")]) for path in checkpoints.glob("ckpt-*.npz"))
+    steps = sorted(int(path.name[len("ckpt-") : -len(".npz")]) for path in checkpoints.glob("ckpt-*.npz"))
     assert len(steps) >= 2, steps
     newest = checkpoints / f"ckpt-{steps[-1]}.npz"
     newest.write_bytes(newest.read_bytes()[:100])
@@ -265,8 +345,15 @@ def test_a_run_resumes_under_the_other_backend_and_trains_alike(tmp_path):
     shutil.copytree(tmp_path / "tensorflow", tmp_path / "jax")
     losses = {}
     for backend in ("tensorflow", "jax"):
-        resumed = run_training("--run-dir", str(tmp_path / backend), *steady, "--set", "duration=2",
-                               "--allow-config-changes", backend=backend)
+        resumed = run_training(
+            "--run-dir",
+            str(tmp_path / backend),
+            *steady,
+            "--set",
+            "duration=2",
+            "--allow-config-changes",
+            backend=backend,
+        )
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert f"Resuming from {tmp_path / backend / 'checkpoints' / 'ckpt-22.npz'} at step 22 of 44." in resumed.stdout
         with open(tmp_path / backend / "log.csv") as file:
@@ -312,8 +399,10 @@ def test_a_run_resumed_with_other_settings_is_refused_naming_them(tmp_path):
     ]:
         result = run_training("--run-dir", run_dir, *SHORT, "--set", "duration=1", *changes)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-        assert (f"error: The run in {run_dir} was started with other settings; resuming it would train another "
-                f"recipe. Differing fields: {differences}. Run the same command") in result.stderr
+        assert (
+            f"error: The run in {run_dir} was started with other settings; resuming it would train another "
+            f"recipe. Differing fields: {differences}. Run the same command"
+        ) in result.stderr
         assert "truncated or corrupt" not in result.stderr
     same = run_training("--run-dir", run_dir, *SHORT, "--set", "duration=1", "--set", "log_every=2")
     assert same.returncode == 0, same.stderr[-3000:]
@@ -337,17 +426,31 @@ def image_folder_of(root, layout):
 FOLDER = {("train", "cat"): 2, ("train", "dog"): 2, ("test", "cat"): 1, ("test", "dog"): 1}
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda root: (root / "train" / "empty").mkdir(),
-     "The class folder {root}/train/empty holds no images (.jpg, .jpeg, .png, .bmp, .gif): every folder of train/ "
-     "is a class. Remove it or add its images."),
-    (lambda root: image_folder_of(root, {("test", "bird"): 1}),
-     "{root}/test has classes that train/ has not, which the network could never predict: ['bird']"),
-    (lambda root: (root / "train" / "dog" / "1.jpg").write_bytes((root / "train" / "dog" / "1.jpg").read_bytes()[:200]),
-     "The train split holds files that do not decode as images (truncated or corrupt): ['{root}/train/dog/1.jpg']"),
-    (lambda root: (root / "test" / "cat" / "0.jpg").write_bytes(b"<html>not an image</html>"),
-     "The test split holds files that do not decode as images (truncated or corrupt): ['{root}/test/cat/0.jpg']"),
-], ids=["empty class folder", "test class not in train", "truncated training JPEG", "test file not an image"])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda root: (root / "train" / "empty").mkdir(),
+            "The class folder {root}/train/empty holds no images (.jpg, .jpeg, .png, .bmp, .gif): every folder of train/ "
+            "is a class. Remove it or add its images.",
+        ),
+        (
+            lambda root: image_folder_of(root, {("test", "bird"): 1}),
+            "{root}/test has classes that train/ has not, which the network could never predict: ['bird']",
+        ),
+        (
+            lambda root: (root / "train" / "dog" / "1.jpg").write_bytes(
+                (root / "train" / "dog" / "1.jpg").read_bytes()[:200]
+            ),
+            "The train split holds files that do not decode as images (truncated or corrupt): ['{root}/train/dog/1.jpg']",
+        ),
+        (
+            lambda root: (root / "test" / "cat" / "0.jpg").write_bytes(b"<html>not an image</html>"),
+            "The test split holds files that do not decode as images (truncated or corrupt): ['{root}/test/cat/0.jpg']",
+        ),
+    ],
+    ids=["empty class folder", "test class not in train", "truncated training JPEG", "test file not an image"],
+)
 def test_image_folder_errors_name_the_folder_or_file(tmp_path, change, message):
     root = image_folder_of(tmp_path / "images", FOLDER)
     config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={root}", "image_size=8")
@@ -360,8 +463,9 @@ def test_image_folder_errors_name_the_folder_or_file(tmp_path, change, message):
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_nan_loss_stops_cleanly(tmp_path, backend):
-    result = run_training("--run-dir", str(tmp_path / "nan"), *SHORT, "--set", "learning_rate=1e12", "--set", "warmup=0",
-                          backend=backend)
+    result = run_training(
+        "--run-dir", str(tmp_path / "nan"), *SHORT, "--set", "learning_rate=1e12", "--set", "warmup=0", backend=backend
+    )
     assert result.returncode == 3
     assert "error: Training stopped at step" in result.stderr and "the loss is nan" in result.stderr
     assert "Traceback" not in result.stderr
@@ -373,10 +477,14 @@ def test_nan_loss_stops_cleanly(tmp_path, backend):
         (["--set", "dataset=folder", "--data-dir", "/nonexistent/cifar"], "Received: data_dir='/nonexistent/cifar'"),
         (["--model", "resnet19"], "Unknown model. Choose one of"),
         (["--config", "cifar11"], "Unknown config. Choose one of"),
-        (["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "batch_size=63"],
-         "batch_size must be divisible by the number of replicas (2). Received: batch_size=63"),
-        (["--set", "scan_units=true", "--set", "synchronized_batch_norm=true"],
-         "scan_units and synchronized_batch_norm cannot be combined"),
+        (
+            ["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "batch_size=63"],
+            "batch_size must be divisible by the number of replicas (2). Received: batch_size=63",
+        ),
+        (
+            ["--set", "scan_units=true", "--set", "synchronized_batch_norm=true"],
+            "scan_units and synchronized_batch_norm cannot be combined",
+        ),
     ],
     ids=["missing-data-dir", "unknown-model", "unknown-config", "indivisible-batch", "loops-synchronized"],
 )
@@ -389,8 +497,10 @@ def test_bad_input_exits_with_a_clear_message(tmp_path, arguments, message):
 def test_training_under_jax_refuses_a_strategy_of_several_devices(tmp_path):
     result = run_training("--run-dir", str(tmp_path / "run"), "--strategy", "mirrored", backend="jax")
     assert result.returncode == 2
-    assert ("error: Under KERAS_BACKEND=jax, keras-preact train runs on one device (strategy 'default' or "
-            "'one_device'). Received: strategy='mirrored'.") in result.stderr
+    assert (
+        "error: Under KERAS_BACKEND=jax, keras-preact train runs on one device (strategy 'default' or "
+        "'one_device'). Received: strategy='mirrored'."
+    ) in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 
@@ -408,8 +518,9 @@ def test_multi_worker_equals_mirrored_on_two_devices(tmp_path):
     """Two worker processes on 127.0.0.1 (MultiWorkerMirroredStrategy) and one process with
     two logical CPUs (MirroredStrategy), same global batch: identical final weights."""
     common = [*SHORT, "--set", "duration=1"]
-    mirrored = run_training("--run-dir", str(tmp_path / "mirrored"), "--strategy", "mirrored",
-                            "--set", "cpu_devices=2", *common)
+    mirrored = run_training(
+        "--run-dir", str(tmp_path / "mirrored"), "--strategy", "mirrored", "--set", "cpu_devices=2", *common
+    )
     assert mirrored.returncode == 0, mirrored.stderr[-3000:]
 
     ports = free_ports(2)
@@ -418,10 +529,14 @@ def test_multi_worker_equals_mirrored_on_two_devices(tmp_path):
     started = time.perf_counter()
     workers = [
         subprocess.Popen(
-            [KERAS_PREACT, "train", "--run-dir", str(tmp_path / "workers"), "--strategy",
-             "multi_worker", *common],
-            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=dict(environment, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})),
+            [KERAS_PREACT, "train", "--run-dir", str(tmp_path / "workers"), "--strategy", "multi_worker", *common],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(
+                environment, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            ),
         )
         for index in range(2)
     ]
@@ -435,16 +550,38 @@ def test_multi_worker_equals_mirrored_on_two_devices(tmp_path):
 
 @pytest.mark.parametrize(
     "options, backend",
-    [(["--set", "precision=mixed_bfloat16"], "tensorflow"), (["--set", "precision=mixed_float16"], "tensorflow"),
-     (["--set", "xla=true"], "tensorflow"),
-     (["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "synchronized_batch_norm=true"], "tensorflow"),
-     (["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "scan_units=true", "--set", "rematerialize=true"],
-      "tensorflow"),
-     (["--set", "precision=mixed_bfloat16", "--set", "label_smoothing=0.1"], "jax"),
-     (["--set", "precision=mixed_float16"], "jax"),
-     (["--set", "scan_units=true", "--set", "rematerialize=true", "--set", "nesterov=true"], "jax")],
-    ids=["mixed_bfloat16", "mixed_float16", "xla", "synchronized_batch_norm", "mirrored_loops_rematerialized",
-         "jax-mixed_bfloat16-smoothing", "jax-mixed_float16", "jax-loops_rematerialized-nesterov"],
+    [
+        (["--set", "precision=mixed_bfloat16"], "tensorflow"),
+        (["--set", "precision=mixed_float16"], "tensorflow"),
+        (["--set", "xla=true"], "tensorflow"),
+        (["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "synchronized_batch_norm=true"], "tensorflow"),
+        (
+            [
+                "--strategy",
+                "mirrored",
+                "--set",
+                "cpu_devices=2",
+                "--set",
+                "scan_units=true",
+                "--set",
+                "rematerialize=true",
+            ],
+            "tensorflow",
+        ),
+        (["--set", "precision=mixed_bfloat16", "--set", "label_smoothing=0.1"], "jax"),
+        (["--set", "precision=mixed_float16"], "jax"),
+        (["--set", "scan_units=true", "--set", "rematerialize=true", "--set", "nesterov=true"], "jax"),
+    ],
+    ids=[
+        "mixed_bfloat16",
+        "mixed_float16",
+        "xla",
+        "synchronized_batch_norm",
+        "mirrored_loops_rematerialized",
+        "jax-mixed_bfloat16-smoothing",
+        "jax-mixed_float16",
+        "jax-loops_rematerialized-nesterov",
+    ],
 )
 def test_training_options(tmp_path, options, backend):
     result = run_training("--run-dir", str(tmp_path / "run"), *SHORT, "--set", "duration=1", *options, backend=backend)
@@ -456,8 +593,9 @@ def test_validation_split_run_evaluates_on_the_held_out_images(tmp_path):
     """With validation_examples the run trains on the rest of the training set, logs and reports the
     error on the held-out images (equal to the saved model's on them) and logs cumulative hours."""
     run_dir = tmp_path / "validation"
-    result = run_training("--run-dir", str(run_dir), *SHORT, "--set", "validation_examples=300",
-                          "--set", "schedule=cosine")
+    result = run_training(
+        "--run-dir", str(run_dir), *SHORT, "--set", "validation_examples=300", "--set", "schedule=cosine"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["evaluated_on"] == "validation" and "test_error" not in summary
@@ -487,8 +625,19 @@ def test_fused_and_portable_batch_norm_train_alike_under_mirrored_strategy(tmp_p
     BatchNorm the first steps' losses are the portable path's to rounding. (Later ones drift
     apart as any two roundings do: at lr 0.05 on 1,437 digits, a 1e-7 difference at step 1
     becomes 1 % by step 10.)"""
-    mirrored = ["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "scan_units=true",
-                "--set", "rematerialize=true", *SHORT, "--set", "duration=1"]
+    mirrored = [
+        "--strategy",
+        "mirrored",
+        "--set",
+        "cpu_devices=2",
+        "--set",
+        "scan_units=true",
+        "--set",
+        "rematerialize=true",
+        *SHORT,
+        "--set",
+        "duration=1",
+    ]
     losses = {}
     for fused in ("true", "false"):
         result = run_training("--run-dir", str(tmp_path / fused), *mirrored, "--set", f"fused_batch_norm={fused}")
@@ -503,11 +652,13 @@ def test_a_run_resumes_from_a_checkpoint_of_the_other_batch_norm_path(tmp_path):
     """A checkpoint holds the same variables on either path: a run begun with the portable
     BatchNorm resumes with the fused one, and its first step after the checkpoint has the
     loss of the portable run's step from the same weights, to rounding."""
-    first = run_training("--run-dir", str(tmp_path / "switched"), *SHORT, "--set", "duration=1",
-                         "--set", "fused_batch_norm=false")
+    first = run_training(
+        "--run-dir", str(tmp_path / "switched"), *SHORT, "--set", "duration=1", "--set", "fused_batch_norm=false"
+    )
     assert first.returncode == 0, first.stderr[-3000:]
-    resumed = run_training("--run-dir", str(tmp_path / "switched"), *SHORT, "--set", "fused_batch_norm=true",
-                           "--allow-config-changes")  # duration 1 -> 2 epochs
+    resumed = run_training(
+        "--run-dir", str(tmp_path / "switched"), *SHORT, "--set", "fused_batch_norm=true", "--allow-config-changes"
+    )  # duration 1 -> 2 epochs
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming from" in resumed.stdout and "at step 22 of 44" in resumed.stdout
     portable = run_training("--run-dir", str(tmp_path / "portable"), *SHORT, "--set", "fused_batch_norm=false")
@@ -524,8 +675,9 @@ def test_a_run_with_a_weights_average_evaluates_and_saves_the_average(tmp_path, 
     both), and the network evaluated and saved is the average: its test error is the
     saved model's on the test digits, and its weights differ from the plain run's."""
     plain = run_training("--run-dir", str(tmp_path / "plain"), *SHORT, backend=backend)
-    averaged = run_training("--run-dir", str(tmp_path / "averaged"), *SHORT, "--set", "average_momentum=0.9",
-                            backend=backend)
+    averaged = run_training(
+        "--run-dir", str(tmp_path / "averaged"), *SHORT, "--set", "average_momentum=0.9", backend=backend
+    )
     assert plain.returncode == 0 and averaged.returncode == 0, averaged.stderr[-3000:]
     assert logged_losses(tmp_path / "averaged") == logged_losses(tmp_path / "plain")
     assert digest(averaged.stdout) != digest(plain.stdout)
@@ -565,11 +717,13 @@ def test_seeds_report_median_and_spread(tmp_path):
 
 def test_help_configs_and_argument_errors_answer_without_tensorflow():
     """`--help`, `configs` and argparse's errors import neither TensorFlow nor Keras."""
-    script = ("import sys\nfrom keras_preact_training import cli\n"
-              "for argv in (['configs'], ['configs', 'cifar10_cpu'], ['--help'], ['train', '--help'], "
-              "['train', '--seeds', 'many'], ['configs', 'nope']):\n"
-              "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
-              "print(sorted(name for name in ('tensorflow', 'keras', 'jax') if name in sys.modules))\n")
+    script = (
+        "import sys\nfrom keras_preact_training import cli\n"
+        "for argv in (['configs'], ['configs', 'cifar10_cpu'], ['--help'], ['train', '--help'], "
+        "['train', '--seeds', 'many'], ['configs', 'nope']):\n"
+        "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
+        "print(sorted(name for name in ('tensorflow', 'keras', 'jax') if name in sys.modules))\n"
+    )
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.stdout.splitlines()[-1] == "[]", result.stderr[-2000:]
     assert "cifar10_cpu: The zoo's recipe on a CPU" in result.stdout
@@ -581,15 +735,27 @@ def test_commands_print_no_tensorflow_log_lines(tmp_path):
     """evaluate loads TensorFlow, then refuses a missing weights file before it reads the data."""
     root = image_folder_of(tmp_path / "images", FOLDER)
     weights = str(tmp_path / "missing.weights.h5")
-    result = subprocess.run([KERAS_PREACT, "evaluate", "--model", "resnet20", "--weights", weights, "--data-dir",
-                             str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"})
+    result = subprocess.run(
+        [KERAS_PREACT, "evaluate", "--model", "resnet20", "--weights", weights, "--data-dir", str(root)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"},
+    )
     assert result.returncode == 2
-    assert result.stderr.splitlines() == ["error: weights must be the path of a .weights.h5 file saved from resnet20, "
-                                          f"or one of ['cifar10']. Received: weights={weights!r}"]
-    verbose = subprocess.run([KERAS_PREACT, "evaluate", "--verbose", "--model", "resnet20", "--weights", weights,
-                              "--data-dir", str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                             env={name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"})
+    assert result.stderr.splitlines() == [
+        "error: weights must be the path of a .weights.h5 file saved from resnet20, "
+        f"or one of ['cifar10']. Received: weights={weights!r}"
+    ]
+    verbose = subprocess.run(
+        [KERAS_PREACT, "evaluate", "--verbose", "--model", "resnet20", "--weights", weights, "--data-dir", str(root)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"},
+    )
     assert len(verbose.stderr.splitlines()) > 1  # --verbose shows TensorFlow's lines before the error
 
 
@@ -611,8 +777,9 @@ def test_the_demo_ends_where_its_documented_curves_do(tmp_path):
     assert abs(trained["test_error"] - documented["test_error"]) * 360 <= DEMO_DIGITS_ALLOWED + 1e-9
     text = open(os.path.join(ROOT, "docs", "training.md")).read()
     assert f"final test error {100 * documented['test_error']:.2f} %" in text
-    drawn = plots.training_curves(os.path.join(DEMO_RUN, "log.csv"), str(tmp_path / "curves.png"),
-                                  title="resnet20 on digits")
+    drawn = plots.training_curves(
+        os.path.join(DEMO_RUN, "log.csv"), str(tmp_path / "curves.png"), title="resnet20 on digits"
+    )
     with Image.open(drawn) as ours, Image.open(os.path.join(ROOT, "docs", "digits_demo_curves.png")) as docs:
         assert ours.size == docs.size
         difference = np.abs(np.asarray(ours.convert("L"), "float32") - np.asarray(docs.convert("L"), "float32"))

@@ -14,30 +14,67 @@ from tests.conftest import config_round_trip, jacobian, random_images
 
 # (id, unit class, constructor arguments, input channels): every unit kind in every
 # form, plus the shape-changing units and each merge.
-UNIT_CASES = [
-    (f"{name}-{form}", cls, dict(filters=4 if form == "bottleneck" else 16, form=form), 16)
-    for name, cls in units.UNITS.items()
-    for form in units.FORMS
-] + [
-    ("preactivation-zero_pad-stride2-shared", units.PreActivationUnit,
-     dict(filters=32, strides=2, shortcut="zero_pad", preactivation="shared"), 16),
-    ("preactivation-bottleneck-projection-first-none", units.PreActivationUnit,
-     dict(filters=16, form="bottleneck", shortcut="projection", preactivation="none"), 16),
-    ("preactivation-bottleneck-projection-3x3-stride2", units.PreActivationUnit,
-     dict(filters=8, form="bottleneck", strides=2, shortcut="projection", stride_on="3x3",
-          preactivation="shared", weight_decay=1e-4), 16),
-    ("original-zero_pad-stride2", units.OriginalUnit, dict(filters=32, strides=2, shortcut="zero_pad"), 16),
-    ("original-projection-every-unit", units.OriginalUnit, dict(filters=16, shortcut="projection"), 16),
-    ("relu_only_preactivation-shared-projection", units.ReLUOnlyPreActivationUnit,
-     dict(filters=32, strides=2, shortcut="projection", preactivation="shared"), 16),
-] + [
-    (f"original-{type(merge).__name__}", units.OriginalUnit, dict(filters=16, merge=merge), 16)
-    for merge in (kp.NoShortcut(), kp.ConstantScaling(0.5, 0.5), kp.ExclusiveGating(-6.0, weight_decay=1e-4),
-                  kp.ShortcutOnlyGating(0.0), kp.ShortcutDropout(0.5, seed=3))
-] + [
-    ("preactivation-ExclusiveGating-stride2", units.PreActivationUnit,
-     dict(filters=32, strides=2, shortcut="zero_pad", preactivation="shared", merge=kp.ExclusiveGating(-2.0)), 16),
-]
+UNIT_CASES = (
+    [
+        (f"{name}-{form}", cls, dict(filters=4 if form == "bottleneck" else 16, form=form), 16)
+        for name, cls in units.UNITS.items()
+        for form in units.FORMS
+    ]
+    + [
+        (
+            "preactivation-zero_pad-stride2-shared",
+            units.PreActivationUnit,
+            dict(filters=32, strides=2, shortcut="zero_pad", preactivation="shared"),
+            16,
+        ),
+        (
+            "preactivation-bottleneck-projection-first-none",
+            units.PreActivationUnit,
+            dict(filters=16, form="bottleneck", shortcut="projection", preactivation="none"),
+            16,
+        ),
+        (
+            "preactivation-bottleneck-projection-3x3-stride2",
+            units.PreActivationUnit,
+            dict(
+                filters=8,
+                form="bottleneck",
+                strides=2,
+                shortcut="projection",
+                stride_on="3x3",
+                preactivation="shared",
+                weight_decay=1e-4,
+            ),
+            16,
+        ),
+        ("original-zero_pad-stride2", units.OriginalUnit, dict(filters=32, strides=2, shortcut="zero_pad"), 16),
+        ("original-projection-every-unit", units.OriginalUnit, dict(filters=16, shortcut="projection"), 16),
+        (
+            "relu_only_preactivation-shared-projection",
+            units.ReLUOnlyPreActivationUnit,
+            dict(filters=32, strides=2, shortcut="projection", preactivation="shared"),
+            16,
+        ),
+    ]
+    + [
+        (f"original-{type(merge).__name__}", units.OriginalUnit, dict(filters=16, merge=merge), 16)
+        for merge in (
+            kp.NoShortcut(),
+            kp.ConstantScaling(0.5, 0.5),
+            kp.ExclusiveGating(-6.0, weight_decay=1e-4),
+            kp.ShortcutOnlyGating(0.0),
+            kp.ShortcutDropout(0.5, seed=3),
+        )
+    ]
+    + [
+        (
+            "preactivation-ExclusiveGating-stride2",
+            units.PreActivationUnit,
+            dict(filters=32, strides=2, shortcut="zero_pad", preactivation="shared", merge=kp.ExclusiveGating(-2.0)),
+            16,
+        ),
+    ]
+)
 UNIT_IDS = [case[0] for case in UNIT_CASES]
 
 
@@ -71,8 +108,7 @@ def test_one_training_step_changes_every_weight(case_id, cls, arguments, channel
     unit = make_unit(cls, arguments)
     x = keras.layers.GlobalAveragePooling2D()(unit(inputs))
     model = keras.Model(inputs, keras.layers.Dense(3)(x))
-    model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     before = [np.array(variable) for variable in unit.weights]
     loss = model.train_on_batch(random_images((4, 8, 8, channels)), np.array([0, 1, 2, 0]))
     assert np.isfinite(loss)
@@ -141,8 +177,9 @@ def test_unit_computes_its_figure(name):
     x = random_images((2, 6, 6, 16))
     unit(x)
     figure = FIGURES[name](unit, ops.convert_to_tensor(x))
-    np.testing.assert_allclose(ops.convert_to_numpy(unit(x, training=False)), ops.convert_to_numpy(figure), rtol=1e-6,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(unit(x, training=False)), ops.convert_to_numpy(figure), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_shared_preactivation_feeds_both_paths():
@@ -153,8 +190,9 @@ def test_shared_preactivation_feeds_both_paths():
     activated = relu(unit.norms[0](x))
     branch = unit.convs[1](relu(unit.norms[1](unit.convs[0](activated))))
     shortcut = np.pad(ops.convert_to_numpy(activated)[:, ::2, ::2, :], [(0, 0), (0, 0), (0, 0), (0, 16)])
-    np.testing.assert_allclose(ops.convert_to_numpy(unit(x, training=False)), shortcut + ops.convert_to_numpy(branch),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(unit(x, training=False)), shortcut + ops.convert_to_numpy(branch), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_no_preactivation_reads_the_input_in_both_paths():
@@ -203,7 +241,10 @@ def test_projection_shortcut_normalization_follows_the_unit():
         (dict(filters=16, shortcut="conv"), "Received: shortcut='conv'"),
         (dict(filters=16, stride_on="last"), "Received: stride_on='last'"),
         (dict(filters=16, weight_decay=-1), "weight_decay must be a number >= 0"),
-        (dict(filters=16, merge="gating"), "merge must be a layer from keras_preact.merges or None. Received: merge='gating'"),
+        (
+            dict(filters=16, merge="gating"),
+            "merge must be a layer from keras_preact.merges or None. Received: merge='gating'",
+        ),
         (dict(filters=16, preactivation="both"), "Received: preactivation='both'"),
     ],
 )

@@ -28,7 +28,9 @@ def hand_update(initial, decay, steps=2):
         for variable, value in zip(network.trainable_variables, weights):
             variable.assign(value)
         data_gradients = gradients(network, INPUTS, lambda logits: loss(LABELS, logits))
-        velocity = [MOMENTUM * v - LEARNING_RATE * (g + decay * w) for v, g, w in zip(velocity, data_gradients, weights)]
+        velocity = [
+            MOMENTUM * v - LEARNING_RATE * (g + decay * w) for v, g, w in zip(velocity, data_gradients, weights)
+        ]
         weights = [w + v for w, v in zip(weights, velocity)]
     return weights
 
@@ -119,7 +121,12 @@ def test_a_checkpoint_of_keras_sgd_resumes_with_coupled_sgd(tmp_path):
     optimizer.build(after.trainable_variables)
     checkpoints.load(after, optimizer, checkpoints.read(written, checkpoints.variables_by_key(after, optimizer)))
     assert int(optimizer.iterations) == 2
-    assert largest_difference([np.array(v) for v in optimizer.variables], [np.array(v) for v in before.optimizer.variables]) == 0
+    assert (
+        largest_difference(
+            [np.array(v) for v in optimizer.variables], [np.array(v) for v in before.optimizer.variables]
+        )
+        == 0
+    )
     assert largest_difference(after.get_weights(), before.get_weights()) == 0
 
 
@@ -144,8 +151,10 @@ def test_the_training_loops_step_traces_one_fused_update_per_weight_and_no_l2_lo
         step = engines.replica_step_function(model, optimizer, len(LABELS), per_example_loss)
         return tf.function(lambda: step(INPUTS, LABELS)).get_concrete_function().graph.get_operations()
 
-    with_loss = collections.Counter(operation.type for operation in traced_operations(
-        tiny_network(DECAY), keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)))
+    with_loss = collections.Counter(
+        operation.type
+        for operation in traced_operations(tiny_network(DECAY), keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM))
+    )
     model = tiny_network(DECAY)
     optimizer = recipe.CoupledSGD(LEARNING_RATE, momentum=MOMENTUM)
     optimizer.take_weight_decay(model)
@@ -155,8 +164,9 @@ def test_the_training_loops_step_traces_one_fused_update_per_weight_and_no_l2_lo
     assert coupled["ResourceApplyKerasMomentum"] == weights
     assert coupled["Square"] == 0 and with_loss["Square"] == weights
     assert sum(coupled.values()) < 0.5 * sum(with_loss.values())
-    reads = collections.Counter(operation.inputs[0].op.name for operation in operations
-                                if operation.type == "ReadVariableOp")
+    reads = collections.Counter(
+        operation.inputs[0].op.name for operation in operations if operation.type == "ReadVariableOp"
+    )
     assert max(reads.values()) == 2  # a weight: in the network and for its decay; the rate: once
     assert coupled["Identity"] < weights // 4
 
@@ -179,7 +189,9 @@ def test_the_private_keras_methods_coupled_sgd_relies_on_are_as_it_expects():
         method = getattr(keras.optimizers.SGD, name, None)
         assert method is not None, f"Keras {keras.__version__} has no Optimizer.{name}: update recipe.CoupledSGD"
         received = list(inspect.signature(method).parameters)
-        assert received == parameters, f"Keras {keras.__version__}'s Optimizer.{name}{received}: update recipe.CoupledSGD"
+        assert received == parameters, (
+            f"Keras {keras.__version__}'s Optimizer.{name}{received}: update recipe.CoupledSGD"
+        )
 
 
 def test_keras_calls_coupled_sgds_update_pass_on_every_step(monkeypatch):

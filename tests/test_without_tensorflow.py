@@ -20,16 +20,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WITHOUT_TENSORFLOW = os.path.join(ROOT, "tests", "without_tensorflow")
 DIGITS = configs.CONFIGS["digits_demo"]
 # A short digits run: 2 epochs of 22 steps, every event several times.
-SHORT = ["--config", "digits_demo", "--set", "duration=2", "--set", "checkpoint_every=5", "--set", "evaluate_every=20",
-         "--set", "log_every=1"]
+SHORT = [
+    "--config",
+    "digits_demo",
+    "--set",
+    "duration=2",
+    "--set",
+    "checkpoint_every=5",
+    "--set",
+    "evaluate_every=20",
+    "--set",
+    "log_every=1",
+]
 
 
 def run(command, *arguments, backend, without_tensorflow=True, timeout=600):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend)
     if without_tensorflow:
         environment["PYTHONPATH"] = WITHOUT_TENSORFLOW
-    return subprocess.run([KERAS_PREACT, command, *arguments], cwd=ROOT, env=environment, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [KERAS_PREACT, command, *arguments], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def summary(run_dir):
@@ -39,14 +50,19 @@ def summary(run_dir):
 @pytest.mark.commands
 def test_the_process_has_no_tensorflow():
     environment = dict(os.environ, PYTHONPATH=WITHOUT_TENSORFLOW)
-    probe = ("import importlib.util, sys\n"
-             "assert importlib.util.find_spec('tensorflow') is None\n"
-             "try:\n    import tensorflow\nexcept ModuleNotFoundError:\n    sys.exit(0)\nsys.exit(1)\n")
-    assert subprocess.run([os.path.join(os.path.dirname(KERAS_PREACT), "python"), "-c", probe],
-                          env=environment).returncode == 0
+    probe = (
+        "import importlib.util, sys\n"
+        "assert importlib.util.find_spec('tensorflow') is None\n"
+        "try:\n    import tensorflow\nexcept ModuleNotFoundError:\n    sys.exit(0)\nsys.exit(1)\n"
+    )
+    assert (
+        subprocess.run([os.path.join(os.path.dirname(KERAS_PREACT), "python"), "-c", probe], env=environment).returncode
+        == 0
+    )
 
 
 # The order and the batches ----------------------------------------------------------------
+
 
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 1437, 45000, 50000, 70000, 2**16 + 1, 3_000_000])
@@ -56,10 +72,14 @@ def test_index_shuffle_is_tensorflows(size):
 
     for seed, epoch in ((0, 0), (0, 1), (3, 59), (123456789, 300), (2**33 + 5, 7)):
         positions = np.arange(min(size, 5000))
-        expected = tf.random.experimental.index_shuffle(tf.constant(positions, tf.int64),
-                                                        seed=tf.constant([seed, epoch], tf.int64), max_index=size - 1)
-        np.testing.assert_array_equal(data.index_shuffle(positions, (seed, epoch), size - 1), expected.numpy(),
-                                      err_msg=f"size {size}, seed {seed}, epoch {epoch}")
+        expected = tf.random.experimental.index_shuffle(
+            tf.constant(positions, tf.int64), seed=tf.constant([seed, epoch], tf.int64), max_index=size - 1
+        )
+        np.testing.assert_array_equal(
+            data.index_shuffle(positions, (seed, epoch), size - 1),
+            expected.numpy(),
+            err_msg=f"size {size}, seed {seed}, epoch {epoch}",
+        )
 
 
 def test_index_shuffle_is_a_permutation():
@@ -87,10 +107,12 @@ def test_both_pipelines_give_the_same_digits_batches():
 
     config = DIGITS.override("batch_size=479")
     split = data.load(config).train
-    assert_same_batches(first_batches(input_numpy, split, config, 0, 7),
-                        first_batches(input_tensorflow, split, config, 0, 7))
-    assert_same_batches(first_batches(input_numpy, split, config, 5, 7),
-                        first_batches(input_tensorflow, split, config, 0, 7)[5:])
+    assert_same_batches(
+        first_batches(input_numpy, split, config, 0, 7), first_batches(input_tensorflow, split, config, 0, 7)
+    )
+    assert_same_batches(
+        first_batches(input_numpy, split, config, 5, 7), first_batches(input_tensorflow, split, config, 0, 7)[5:]
+    )
 
 
 def folder_with_other_sizes(source, root):
@@ -131,8 +153,10 @@ def test_both_pipelines_decode_and_resize_image_folders_alike(cifar_folder, tmp_
     expected = first_batches(input_tensorflow, tensorflow_set.train, config, 0, 10)
     assert_same_batches(first_batches(input_numpy, numpy_set.train, config, 0, 10), expected)
     assert_same_batches(first_batches(input_numpy, tensorflow_set.train, config, 0, 10), expected)  # from files
-    assert_same_batches(list(input_numpy.evaluation_arrays(numpy_set.test, 5)),
-                        list(input_tensorflow.evaluation_arrays(tensorflow_set.test, 5)))
+    assert_same_batches(
+        list(input_numpy.evaluation_arrays(numpy_set.test, 5)),
+        list(input_tensorflow.evaluation_arrays(tensorflow_set.test, 5)),
+    )
 
 
 def test_a_folder_larger_than_memory_stays_files(cifar_folder, tmp_path, monkeypatch):
@@ -143,10 +167,10 @@ def test_a_folder_larger_than_memory_stays_files(cifar_folder, tmp_path, monkeyp
     from_files = data.load(config)
     assert data.holds_files(from_files.train) and not data.holds_files(in_memory.train)
     steps = configs.steps_per_epoch(36, 8)
-    assert_same_batches(list(input_numpy.training_arrays(from_files.train, config.override("batch_size=8"), steps,
-                                                         0, 6)),
-                        list(input_numpy.training_arrays(in_memory.train, config.override("batch_size=8"), steps,
-                                                         0, 6)))
+    assert_same_batches(
+        list(input_numpy.training_arrays(from_files.train, config.override("batch_size=8"), steps, 0, 6)),
+        list(input_numpy.training_arrays(in_memory.train, config.override("batch_size=8"), steps, 0, 6)),
+    )
 
 
 def test_unreadable_images_are_named(tmp_path):
@@ -160,12 +184,16 @@ def test_unreadable_images_are_named(tmp_path):
 
 
 def test_tensorflow_datasets_need_tensorflow():
-    with pytest.raises(ValueError, match="dataset=cifar10 is read through tensorflow-datasets, which needs "
-                                         "TensorFlow. Received: input_pipeline=numpy"):
+    with pytest.raises(
+        ValueError,
+        match="dataset=cifar10 is read through tensorflow-datasets, which needs "
+        "TensorFlow. Received: input_pipeline=numpy",
+    ):
         data.load(configs.CONFIGS["cifar10_paper"].override("input_pipeline=numpy"))
 
 
 # Checkpoints ------------------------------------------------------------------------------
+
 
 def test_checkpoints_are_written_whole_and_the_newest_three_kept(tmp_path):
     values = {"model/0:dense.kernel": np.ones((2, 3), np.float32), "optimizer/0:iteration": np.array(7, np.int64)}
@@ -178,6 +206,7 @@ def test_checkpoints_are_written_whole_and_the_newest_three_kept(tmp_path):
 
 
 # The command, without TensorFlow --------------------------------------------------------
+
 
 @pytest.mark.commands
 @pytest.mark.parametrize("backend", ["jax", "torch"])
@@ -193,8 +222,13 @@ def test_killed_run_without_tensorflow_resumes_to_the_same_weights(tmp_path, bac
 
     killed = tmp_path / "killed"
     environment = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=WITHOUT_TENSORFLOW)
-    process = subprocess.Popen([KERAS_PREACT, "train", "--run-dir", str(killed), *SHORT], cwd=ROOT, env=environment,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [KERAS_PREACT, "train", "--run-dir", str(killed), *SHORT],
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 300
     while time.time() < deadline and not (killed / "checkpoints" / "ckpt-15.npz").exists():
         time.sleep(0.05)
@@ -217,9 +251,11 @@ def test_killed_run_without_tensorflow_resumes_to_the_same_weights(tmp_path, bac
 def test_keras_on_tensorflow_without_tensorflow_is_one_line_that_says_what_to_do(tmp_path):
     result = run("train", "--run-dir", str(tmp_path / "run"), *SHORT, backend="tensorflow")
     assert result.returncode == 2
-    assert result.stderr == ("error: TensorFlow, Keras' backend here (KERAS_BACKEND=tensorflow), is not installed. "
-                             "Install it (pip install 'keras-preact[tensorflow]'), or set KERAS_BACKEND=jax or torch: "
-                             "train and evaluate run there without it.\n")
+    assert result.stderr == (
+        "error: TensorFlow, Keras' backend here (KERAS_BACKEND=tensorflow), is not installed. "
+        "Install it (pip install 'keras-preact[tensorflow]'), or set KERAS_BACKEND=jax or torch: "
+        "train and evaluate run there without it.\n"
+    )
 
 
 @pytest.mark.tensorflow
@@ -228,15 +264,18 @@ def test_a_tensorflow_run_resumes_under_torch_without_tensorflow_and_back(tmp_pa
     (tf.data) goes on under PyTorch with NumPy's pipeline and no TensorFlow, and then under
     TensorFlow again; each resumes at the step the other stopped at."""
     run_dir = str(tmp_path / "run")
-    first = run("train", "--run-dir", run_dir, *SHORT, "--set", "duration=1", backend="tensorflow",
-                without_tensorflow=False)
+    first = run(
+        "train", "--run-dir", run_dir, *SHORT, "--set", "duration=1", backend="tensorflow", without_tensorflow=False
+    )
     assert first.returncode == 0, first.stderr[-3000:]
-    second = run("train", "--run-dir", run_dir, *SHORT, "--set", "duration=1.5", "--allow-config-changes",
-                 backend="torch")
+    second = run(
+        "train", "--run-dir", run_dir, *SHORT, "--set", "duration=1.5", "--allow-config-changes", backend="torch"
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"Resuming from {os.path.join(run_dir, 'checkpoints', 'ckpt-22.npz')} at step 22 of 33." in second.stdout
-    third = run("train", "--run-dir", run_dir, *SHORT, "--allow-config-changes", backend="tensorflow",
-                without_tensorflow=False)
+    third = run(
+        "train", "--run-dir", run_dir, *SHORT, "--allow-config-changes", backend="tensorflow", without_tensorflow=False
+    )
     assert third.returncode == 0, third.stderr[-3000:]
     assert f"Resuming from {os.path.join(run_dir, 'checkpoints', 'ckpt-33.npz')} at step 33 of 44." in third.stdout
 
@@ -248,26 +287,40 @@ def test_a_run_checkpointed_in_tensorflows_format_resumes(tmp_path):
     import tensorflow as tf
 
     deterministic = [*SHORT, "--set", "deterministic=true"]
-    whole = run("train", "--run-dir", str(tmp_path / "whole"), *deterministic, backend="tensorflow",
-                without_tensorflow=False)
+    whole = run(
+        "train", "--run-dir", str(tmp_path / "whole"), *deterministic, backend="tensorflow", without_tensorflow=False
+    )
     assert whole.returncode == 0, whole.stderr[-3000:]
     shutil.copytree(tmp_path / "whole", tmp_path / "legacy")
     folder = tmp_path / "legacy" / "checkpoints"
     with np.load(folder / "ckpt-35.npz") as values:
-        parts = {part: {key.partition("/")[2]: tf.Variable(values[key]) for key in values.files
-                        if key.startswith(part + "/")} for part in ("model", "optimizer")}
+        parts = {
+            part: {
+                key.partition("/")[2]: tf.Variable(values[key]) for key in values.files if key.startswith(part + "/")
+            }
+            for part in ("model", "optimizer")
+        }
     for name in os.listdir(folder):
         os.remove(folder / name)
     (tmp_path / "legacy" / "summary.json").unlink()
     tf.train.Checkpoint(**parts).write(str(folder / "ckpt-35"))
-    resumed = run("train", "--run-dir", str(tmp_path / "legacy"), *deterministic, backend="tensorflow",
-                  without_tensorflow=False)
+    resumed = run(
+        "train", "--run-dir", str(tmp_path / "legacy"), *deterministic, backend="tensorflow", without_tensorflow=False
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resuming from {folder / 'ckpt-35'} at step 35 of 44." in resumed.stdout
     assert sorted(os.listdir(folder))[-1] == "ckpt-44.npz"
     assert summary(tmp_path / "legacy")["weights_sha256"] == summary(tmp_path / "whole")["weights_sha256"]
-    without = run("train", "--run-dir", str(tmp_path / "legacy"), *SHORT, "--set", "duration=3",
-                  "--allow-config-changes", backend="torch")
+    without = run(
+        "train",
+        "--run-dir",
+        str(tmp_path / "legacy"),
+        *SHORT,
+        "--set",
+        "duration=3",
+        "--allow-config-changes",
+        backend="torch",
+    )
     assert without.returncode == 0 and "Resuming from" in without.stdout, without.stderr[-3000:]
 
 
@@ -291,7 +344,10 @@ def test_evaluate_without_tensorflow_gives_tensorflows_answer(cifar_folder, tmp_
     assert without.returncode == 0, without.stderr[-3000:]
     with_tensorflow = run("evaluate", *arguments, backend="tensorflow", without_tensorflow=False)
     assert with_tensorflow.returncode == 0, with_tensorflow.stderr[-3000:]
-    lines = lambda result: re.sub(r" \(data and network loaded in [\d.]+ s, then [\d.]+ s: \d+ images/s\)", "",  # noqa: E731
-                                  result.stdout).splitlines()
+    lines = lambda result: re.sub(
+        r" \(data and network loaded in [\d.]+ s, then [\d.]+ s: \d+ images/s\)",
+        "",  # noqa: E731
+        result.stdout,
+    ).splitlines()
     assert lines(without) == lines(with_tensorflow)
     assert "resnet20 (cifar10): test error" in without.stdout

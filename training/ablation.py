@@ -63,20 +63,39 @@ TABLES = {
         (("cifar10", "resnet110"),),
         (
             Row("original (identity shortcut)", (ORIGINAL,), {("cifar10", "resnet110"): 6.61}),
-            Row("constant scaling 0 / 1 (plain)", (ORIGINAL, "merge=constant_scaling", "scaling=0,1"),
-                {("cifar10", "resnet110"): FAIL}),
-            Row("constant scaling 0.5 / 1", (ORIGINAL, "merge=constant_scaling", "scaling=0.5,1"),
-                {("cifar10", "resnet110"): FAIL}),
-            Row("constant scaling 0.5 / 0.5", (ORIGINAL, "merge=constant_scaling", "scaling=0.5,0.5"),
-                {("cifar10", "resnet110"): 12.35}),
-            *(Row(f"{label}, b_g = {bias}", (ORIGINAL, f"merge={gating}", f"gate_bias={bias}"),
-                  {("cifar10", "resnet110"): GATE_BIAS_ERRORS[gating][bias]})
-              for gating, label, biases in (("exclusive_gating", "exclusive gating", (0, -6, -7)),
-                                            ("shortcut_only_gating", "shortcut-only gating", (0, -6)))
-              for bias in biases),
+            Row(
+                "constant scaling 0 / 1 (plain)",
+                (ORIGINAL, "merge=constant_scaling", "scaling=0,1"),
+                {("cifar10", "resnet110"): FAIL},
+            ),
+            Row(
+                "constant scaling 0.5 / 1",
+                (ORIGINAL, "merge=constant_scaling", "scaling=0.5,1"),
+                {("cifar10", "resnet110"): FAIL},
+            ),
+            Row(
+                "constant scaling 0.5 / 0.5",
+                (ORIGINAL, "merge=constant_scaling", "scaling=0.5,0.5"),
+                {("cifar10", "resnet110"): 12.35},
+            ),
+            *(
+                Row(
+                    f"{label}, b_g = {bias}",
+                    (ORIGINAL, f"merge={gating}", f"gate_bias={bias}"),
+                    {("cifar10", "resnet110"): GATE_BIAS_ERRORS[gating][bias]},
+                )
+                for gating, label, biases in (
+                    ("exclusive_gating", "exclusive gating", (0, -6, -7)),
+                    ("shortcut_only_gating", "shortcut-only gating", (0, -6)),
+                )
+                for bias in biases
+            ),
             Row("1x1 conv shortcut", (ORIGINAL, "shortcut=projection"), {("cifar10", "resnet110"): 12.22}),
-            Row("dropout shortcut (ratio 0.5)", (ORIGINAL, "merge=shortcut_dropout", "shortcut_dropout=0.5"),
-                {("cifar10", "resnet110"): FAIL}),
+            Row(
+                "dropout shortcut (ratio 0.5)",
+                (ORIGINAL, "merge=shortcut_dropout", "shortcut_dropout=0.5"),
+                {("cifar10", "resnet110"): FAIL},
+            ),
         ),
     ),
     # Table 2: activation placements (Fig. 4), CIFAR-10, ResNet-110 and ResNet-164.
@@ -97,15 +116,39 @@ TABLES = {
     # Table 3: original against pre-activation units, CIFAR-10 and CIFAR-100.
     3: Table(
         "Table 3: original vs pre-activation units",
-        (("cifar10", "resnet110_1layer"), ("cifar10", "resnet110"), ("cifar10", "resnet164"),
-         ("cifar10", "resnet1001"), ("cifar100", "resnet164"), ("cifar100", "resnet1001")),
         (
-            Row("original unit", (ORIGINAL,), {
-                ("cifar10", "resnet110_1layer"): 9.90, ("cifar10", "resnet110"): 6.61, ("cifar10", "resnet164"): 5.93,
-                ("cifar10", "resnet1001"): 7.61, ("cifar100", "resnet164"): 25.16, ("cifar100", "resnet1001"): 27.82}),
-            Row("pre-activation unit", ("unit=preactivation",), {
-                ("cifar10", "resnet110_1layer"): 8.91, ("cifar10", "resnet110"): 6.37, ("cifar10", "resnet164"): 5.46,
-                ("cifar10", "resnet1001"): 4.92, ("cifar100", "resnet164"): 24.33, ("cifar100", "resnet1001"): 22.71}),
+            ("cifar10", "resnet110_1layer"),
+            ("cifar10", "resnet110"),
+            ("cifar10", "resnet164"),
+            ("cifar10", "resnet1001"),
+            ("cifar100", "resnet164"),
+            ("cifar100", "resnet1001"),
+        ),
+        (
+            Row(
+                "original unit",
+                (ORIGINAL,),
+                {
+                    ("cifar10", "resnet110_1layer"): 9.90,
+                    ("cifar10", "resnet110"): 6.61,
+                    ("cifar10", "resnet164"): 5.93,
+                    ("cifar10", "resnet1001"): 7.61,
+                    ("cifar100", "resnet164"): 25.16,
+                    ("cifar100", "resnet1001"): 27.82,
+                },
+            ),
+            Row(
+                "pre-activation unit",
+                ("unit=preactivation",),
+                {
+                    ("cifar10", "resnet110_1layer"): 8.91,
+                    ("cifar10", "resnet110"): 6.37,
+                    ("cifar10", "resnet164"): 5.46,
+                    ("cifar10", "resnet1001"): 4.92,
+                    ("cifar100", "resnet164"): 24.33,
+                    ("cifar100", "resnet1001"): 22.71,
+                },
+            ),
         ),
     ),
 }
@@ -167,8 +210,10 @@ def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(),
     table = TABLES[table_number]
     chosen = cells(table, models, datasets)
     if not chosen:
-        raise ValueError(f"No cell of table {table_number} on datasets {datasets}. The table has "
-                         f"{sorted({dataset for dataset, _ in table.cells})}.")
+        raise ValueError(
+            f"No cell of table {table_number} on datasets {datasets}. The table has "
+            f"{sorted({dataset for dataset, _ in table.cells})}."
+        )
     for cell in chosen:  # every config checked before the first run starts
         configuration(cell, 0, overrides, data_dir)
     engines.configure(configuration(chosen[0], 0, overrides, data_dir))
@@ -177,16 +222,20 @@ def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(),
     for cell in chosen:
         for seed in range(seeds):
             config = configuration(cell, seed, overrides, data_dir)
-            run_dir = os.path.join(output, f"table{table_number}", cell.dataset, cell.model, slug(cell.row.label),
-                                   f"seed{config.seed}")
+            run_dir = os.path.join(
+                output, f"table{table_number}", cell.dataset, cell.model, slug(cell.row.label), f"seed{config.seed}"
+            )
             summary_path = os.path.join(run_dir, "summary.json")
             if os.path.exists(summary_path):  # finished before, or by another column: read back
                 summary = files.read_json(summary_path, "delete its run folder to train it again")
             else:
                 if verbose:
                     number = trainings.index((cell.dataset, cell.model, cell.row.label)) * seeds + seed + 1
-                    print(f"[{number}/{len(trainings) * seeds}] {cell.row.label}: {cell.model} on "
-                          f"{cell.dataset}, seed {config.seed}", flush=True)
+                    print(
+                        f"[{number}/{len(trainings) * seeds}] {cell.row.label}: {cell.model} on "
+                        f"{cell.dataset}, seed {config.seed}",
+                        flush=True,
+                    )
                 summary = loop.train(config, run_dir, verbose=verbose)
             cell.errors.append(100 * summary["test_error"])
             cell.run_dirs.append(run_dir)
@@ -203,15 +252,18 @@ def budget_note(config, seeds, models):
     for field in ("duration", "schedule_unit", "decay_boundaries", "batch_size", "train_examples", "test_examples"):
         ours, theirs = getattr(config, field), getattr(paper, field)
         if ours != theirs:
-            differences.append(f"{field}={ours:g} (paper: {theirs:g})" if isinstance(ours, float)
-                               else f"{field}={ours} (paper: {theirs})")
+            differences.append(
+                f"{field}={ours:g} (paper: {theirs:g})"
+                if isinstance(ours, float)
+                else f"{field}={ours} (paper: {theirs})"
+            )
     if seeds != PAPER_SEEDS:
         differences.append(f"{seeds} seed(s) (paper: median of {PAPER_SEEDS})")
     if models:
         differences.append(f"networks {', '.join(models)} in place of the paper's")
     if not differences:
         return ""
-    return ("**A small budget: these numbers are not comparable with the paper's.** " + "; ".join(differences) + ".")
+    return "**A small budget: these numbers are not comparable with the paper's.** " + "; ".join(differences) + "."
 
 
 def describe(errors):
@@ -253,13 +305,28 @@ def write_tables(table_number, table, chosen, output, budget):
             for paper_model in papers:
                 paper = table.paper_error(row, dataset, paper_model)
                 entries.append(shown(paper))
-                records.append(dict(table=table_number, variant=row.label, dataset=dataset, model=model,
-                                    paper_model=paper_model, seeds=len(cell.errors), median=round(median, 4),
-                                    mean=round(mean, 4), std=round(std, 4), failed=median > FAIL_ERROR,
-                                    errors=" ".join(f"{error:.4f}" for error in cell.errors), paper=paper))
+                records.append(
+                    dict(
+                        table=table_number,
+                        variant=row.label,
+                        dataset=dataset,
+                        model=model,
+                        paper_model=paper_model,
+                        seeds=len(cell.errors),
+                        median=round(median, 4),
+                        mean=round(mean, 4),
+                        std=round(std, 4),
+                        failed=median > FAIL_ERROR,
+                        errors=" ".join(f"{error:.4f}" for error in cell.errors),
+                        paper=paper,
+                    )
+                )
         lines.append("| " + " | ".join(entries) + " |")
-    lines += ["", f"Test error (%) of the final model, over {len(chosen[0].errors)} seed(s); \"fail\": above "
-              f"{FAIL_ERROR:.0f} %, as the paper reports it" + (" (not applied at this budget)." if budget else ".")]
+    lines += [
+        "",
+        f'Test error (%) of the final model, over {len(chosen[0].errors)} seed(s); "fail": above '
+        f"{FAIL_ERROR:.0f} %, as the paper reports it" + (" (not applied at this budget)." if budget else "."),
+    ]
     with open(os.path.join(output, f"table{table_number}.md"), "w") as file:
         file.write("\n".join(lines) + "\n")
     with open(os.path.join(output, f"table{table_number}.csv"), "w", newline="") as file:
@@ -285,11 +352,22 @@ def plot_curves(table, chosen, png_path):
         for index, cell in enumerate(panel.values()):  # a network standing for several columns: once
             rows = plots.read_log(os.path.join(cell.run_dirs[0], "log.csv"))
             color = plt.cm.tab10(index % 10)
-            loss_axis.plot([int(row["step"]) for row in rows], [float(row["loss"]) for row in rows], "--",
-                           color=color, linewidth=0.8)
+            loss_axis.plot(
+                [int(row["step"]) for row in rows],
+                [float(row["loss"]) for row in rows],
+                "--",
+                color=color,
+                linewidth=0.8,
+            )
             evaluated = [row for row in rows if row["test_error"]]
-            axis.plot([int(row["step"]) for row in evaluated], [100 * float(row["test_error"]) for row in evaluated],
-                      "-", color=color, linewidth=1.8, label=cell.row.label)
+            axis.plot(
+                [int(row["step"]) for row in evaluated],
+                [100 * float(row["test_error"]) for row in evaluated],
+                "-",
+                color=color,
+                linewidth=1.8,
+                label=cell.row.label,
+            )
         axis.axhline(FAIL_ERROR, color="grey", linewidth=0.6, linestyle=":")
         axis.set(xlabel="iterations", ylabel="test error (%), solid", title=f"{model} on {dataset}", ylim=(0, None))
         loss_axis.set(ylabel="training loss, dashed", ylim=(0, None))

@@ -36,9 +36,11 @@ def variables_by_key(model, optimizer):
     but not a weight, and a resumed run must draw the same crops and flips. Paths need not
     be unique (every seed generator's is "seed_generator/..."): they are numbered.
     """
-    return {f"{part}/{index}:{variable.path.replace('/', '.')}": variable
-            for part, variables in (("model", model.variables), ("optimizer", optimizer.variables))
-            for index, variable in enumerate(variables)}
+    return {
+        f"{part}/{index}:{variable.path.replace('/', '.')}": variable
+        for part, variables in (("model", model.variables), ("optimizer", optimizer.variables))
+        for index, variable in enumerate(variables)
+    }
 
 
 def state(model, optimizer):
@@ -80,9 +82,11 @@ def steps(directory, kind="npz"):
 
 def newest_first(directory):
     """[(step, path)] of the checkpoints of `directory`, .npz and TensorFlow's (a prefix), newest first."""
-    return sorted([(step, os.path.join(directory, f"ckpt-{step}.npz")) for step in steps(directory, "npz")]
-                  + [(step, os.path.join(directory, f"ckpt-{step}")) for step in steps(directory, "tensorflow")],
-                  reverse=True)
+    return sorted(
+        [(step, os.path.join(directory, f"ckpt-{step}.npz")) for step in steps(directory, "npz")]
+        + [(step, os.path.join(directory, f"ckpt-{step}")) for step in steps(directory, "tensorflow")],
+        reverse=True,
+    )
 
 
 def read_values(path):
@@ -128,14 +132,18 @@ def read_tensorflow(prefix):
     try:
         import tensorflow as tf
     except ImportError:
-        raise ValueError("it is in TensorFlow's format, which needs TensorFlow to read: resume once where "
-                         "TensorFlow is installed, and the run writes .npz checkpoints from then on") from None
+        raise ValueError(
+            "it is in TensorFlow's format, which needs TensorFlow to read: resume once where "
+            "TensorFlow is installed, and the run writes .npz checkpoints from then on"
+        ) from None
     suffix = "/.ATTRIBUTES/VARIABLE_VALUE"
     try:
         reader = tf.train.load_checkpoint(prefix)
-        return {f"{name.partition('/')[0]}/{unescape(name.partition('/')[2][:-len(suffix)])}": reader.get_tensor(name)
-                for name in reader.get_variable_to_shape_map()
-                if name.endswith(suffix) and name.partition("/")[0] in ("model", "optimizer")}
+        return {
+            f"{name.partition('/')[0]}/{unescape(name.partition('/')[2][: -len(suffix)])}": reader.get_tensor(name)
+            for name in reader.get_variable_to_shape_map()
+            if name.endswith(suffix) and name.partition("/")[0] in ("model", "optimizer")
+        }
     except Exception as error:  # noqa: BLE001  (TensorFlow reports a damaged file as OpError, IndexError, ...)
         raise ValueError(f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}") from None
 
@@ -172,6 +180,7 @@ def restore_newest_intact(directory, model, optimizer, verbose=True):
     if failures:
         raise CheckpointsUnreadable(
             f"No checkpoint in {directory} can be restored (truncated or corrupt files): "
-            + "; ".join(failures) + ". Move the run directory away to train from the start."
+            + "; ".join(failures)
+            + ". Move the run directory away to train from the start."
         )
     return None

@@ -1,6 +1,6 @@
 """A client of TF Serving's REST API (and of `keras-preact serve`): standard library only.
 
-    keras-preact query --model cifar10_resnet20 docs/cifar10/cat_0000.jpg --top-k 3
+keras-preact query --model cifar10_resnet20 docs/cifar10/cat_0000.jpg --top-k 3
 """
 
 import base64
@@ -33,12 +33,20 @@ def query(server, model, paths, signature="serving_default", top_k=None, timeout
     except urllib.error.HTTPError as error:
         raise ValueError(f"{url} answered {error.code}: {answer(url, error.code, error.read()).get('error')}") from None
     except urllib.error.URLError as error:
-        raise ConnectionError(f"No server answers at {url}: {error.reason}. Start one with "
-                              f"`keras-preact serve saved_models/{model}`.") from None
-    if not isinstance(predictions, list) or len(predictions) != len(paths) or not all(
-            isinstance(prediction, dict) and {"classes", "scores"} <= set(prediction) for prediction in predictions):
-        raise ValueError(f"{url} answered without a prediction (classes and scores) for each of the {len(paths)} "
-                         "images: is it TF Serving's REST API with a keras-preact model?")
+        raise ConnectionError(
+            f"No server answers at {url}: {error.reason}. Start one with `keras-preact serve saved_models/{model}`."
+        ) from None
+    if (
+        not isinstance(predictions, list)
+        or len(predictions) != len(paths)
+        or not all(
+            isinstance(prediction, dict) and {"classes", "scores"} <= set(prediction) for prediction in predictions
+        )
+    ):
+        raise ValueError(
+            f"{url} answered without a prediction (classes and scores) for each of the {len(paths)} "
+            "images: is it TF Serving's REST API with a keras-preact model?"
+        )
     for prediction in predictions:
         prediction["classes"] = prediction["classes"][:top_k]
         prediction["scores"] = prediction["scores"][:top_k]
@@ -53,8 +61,10 @@ def answer(url, status, body):
         value = None
     if not isinstance(value, dict):
         shown = body[:120].decode("utf-8", "replace")
-        raise ValueError(f"{url} answered {status} with a body that is not a JSON object, so it is not TF Serving's "
-                         f"REST API (is --server right?). Received: {shown!r}{'...' if len(body) > 120 else ''}")
+        raise ValueError(
+            f"{url} answered {status} with a body that is not a JSON object, so it is not TF Serving's "
+            f"REST API (is --server right?). Received: {shown!r}{'...' if len(body) > 120 else ''}"
+        )
     return value
 
 

@@ -75,23 +75,38 @@ def compare(run_dirs, output, images_per_second=None, target=None):
         evaluated = [(int(row["step"]), 100 * float(row[f"{split}_error"])) for row in rows if row[f"{split}_error"]]
         close = next((step for step, error in evaluated if error <= best + MARGIN_POINTS), None)
         reached = next((step for step, error in evaluated if target is not None and error <= target), None)
-        table.append(dict(run=label, schedule=summary["config"].get("schedule", "step"),
-                          duration=f"{summary['config']['duration']:g} {summary['config']['schedule_unit']}",
-                          settings=setting, error=100 * summary[f"{split}_error"],
-                          hours=summary["steps"] * hours_per_step,
-                          hours_to_close=None if close is None else close * hours_per_step,
-                          hours_to_target=None if reached is None else reached * hours_per_step))
+        table.append(
+            dict(
+                run=label,
+                schedule=summary["config"].get("schedule", "step"),
+                duration=f"{summary['config']['duration']:g} {summary['config']['schedule_unit']}",
+                settings=setting,
+                error=100 * summary[f"{split}_error"],
+                hours=summary["steps"] * hours_per_step,
+                hours_to_close=None if close is None else close * hours_per_step,
+                hours_to_target=None if reached is None else reached * hours_per_step,
+            )
+        )
     os.makedirs(output, exist_ok=True)
-    plots.time_to_accuracy({label: (rows, hours_per_step) for label, (_, rows, hours_per_step) in runs.items()},
-                           os.path.join(output, "time_to_accuracy.png"), title=f"{split} error against hours")
+    plots.time_to_accuracy(
+        {label: (rows, hours_per_step) for label, (_, rows, hours_per_step) in runs.items()},
+        os.path.join(output, "time_to_accuracy.png"),
+        title=f"{split} error against hours",
+    )
     target_column = "" if target is None else f" hours to {target:.2f} % |"
-    lines = [f"| run | settings | duration | final {split} error | hours | hours to {best + MARGIN_POINTS:.2f} % |"
-             + target_column, "|---|---|---|---|---|---|" + "---|" * (target is not None)]
+    lines = [
+        f"| run | settings | duration | final {split} error | hours | hours to {best + MARGIN_POINTS:.2f} % |"
+        + target_column,
+        "|---|---|---|---|---|---|" + "---|" * (target is not None),
+    ]
     for row in table:
         hours = [row["hours_to_close"]] + ([row["hours_to_target"]] if target is not None else [])
-        lines.append(f"| {row['run']} | {row['settings']} | {row['duration']} | {row['error']:.2f} % | "
-                     f"{row['hours']:.2f} | " + " | ".join("not reached" if value is None else f"{value:.2f}"
-                                                            for value in hours) + " |")
+        lines.append(
+            f"| {row['run']} | {row['settings']} | {row['duration']} | {row['error']:.2f} % | "
+            f"{row['hours']:.2f} | "
+            + " | ".join("not reached" if value is None else f"{value:.2f}" for value in hours)
+            + " |"
+        )
     with open(os.path.join(output, "comparison.md"), "w") as file:
         file.write("\n".join(lines) + "\n")
     return table

@@ -196,8 +196,15 @@ class Config:
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field} must be one of {list(allowed)}. Received: {field}={getattr(self, field)!r}")
-        for field in ("batch_size", "reference_batch_size", "image_size", "evaluate_every", "checkpoint_every",
-                      "log_every", "cpu_devices"):
+        for field in (
+            "batch_size",
+            "reference_batch_size",
+            "image_size",
+            "evaluate_every",
+            "checkpoint_every",
+            "log_every",
+            "cpu_devices",
+        ):
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field} must be a positive integer. Received: {field}={value!r}")
@@ -205,8 +212,9 @@ class Config:
             from keras_preact import units  # here: configs import without Keras (`keras-preact configs`)
 
             if self.unit not in units.UNITS:
-                raise ValueError(f"unit must be None (the model's) or one of {sorted(units.UNITS)}. "
-                                 f"Received: unit={self.unit!r}")
+                raise ValueError(
+                    f"unit must be None (the model's) or one of {sorted(units.UNITS)}. Received: unit={self.unit!r}"
+                )
         if len(self.scaling) != 2:
             raise ValueError(f"scaling must be (shortcut scale, residual scale). Received: scaling={self.scaling!r}")
         if self.xla and self.synchronized_batch_norm:
@@ -223,7 +231,9 @@ class Config:
         for field, (text, accepted) in NUMBER_RANGES.items():
             value = getattr(self, field)
             if not defaults.is_finite_number(value) or not accepted(value):
-                raise ValueError(f"{field} must be a finite number{' ' * bool(text)}{text}. Received: {field}={value!r}")
+                raise ValueError(
+                    f"{field} must be a finite number{' ' * bool(text)}{text}. Received: {field}={value!r}"
+                )
         for field in ("train_examples", "test_examples", "validation_examples"):
             value = getattr(self, field)
             if value is not None and (not defaults.is_integer(value) or value < 1):
@@ -231,9 +241,12 @@ class Config:
         for field in ("normalization_std", "decay_boundaries", "scaling", "normalization_mean"):
             values = getattr(self, field)
             if not all(defaults.is_finite_number(value) for value in values) or (
-                    field == "normalization_std" and not all(value > 0 for value in values)):
-                raise ValueError(f"{field} must hold finite numbers{' > 0' if field == 'normalization_std' else ''}. "
-                                 f"Received: {field}={values!r}")
+                field == "normalization_std" and not all(value > 0 for value in values)
+            ):
+                raise ValueError(
+                    f"{field} must hold finite numbers{' > 0' if field == 'normalization_std' else ''}. "
+                    f"Received: {field}={values!r}"
+                )
 
     @property
     def scaled_learning_rate(self):
@@ -291,8 +304,15 @@ def parse_value(text, kind, name, optional=False):
 # The paper's CIFAR-10 recipe for CIFAR-10 as JPEG folders on a CPU: 30 epochs, the rate /10
 # at half and three quarters of them as the paper's 32k and 48k of 64k iterations.
 CIFAR10_CPU = Config(
-    model="resnet20", dataset="folder", schedule_unit="epochs", duration=30, decay_boundaries=(15, 22.5),
-    warmup=1, evaluate_every=390, checkpoint_every=390, log_every=39,
+    model="resnet20",
+    dataset="folder",
+    schedule_unit="epochs",
+    duration=30,
+    decay_boundaries=(15, 22.5),
+    warmup=1,
+    evaluate_every=390,
+    checkpoint_every=390,
+    log_every=39,
 )
 
 
@@ -333,8 +353,16 @@ NAMED_CONFIGS = {
     # second and at its first step in seconds instead of minutes (docs/benchmarks.md).
     "cifar10_resnet1001_torch": NamedConfig(
         Config(
-            model="resnet1001", scan_units=True, batch_size=64, reference_batch_size=64, nesterov=True,
-            schedule_unit="epochs", duration=200, decay_boundaries=(81, 122), warmup=0, evaluate_every=7812,
+            model="resnet1001",
+            scan_units=True,
+            batch_size=64,
+            reference_batch_size=64,
+            nesterov=True,
+            schedule_unit="epochs",
+            duration=200,
+            decay_boundaries=(81, 122),
+            warmup=0,
+            evaluate_every=7812,
             checkpoint_every=781,
         ),
         purpose="The official Torch code's ResNet-1001 run (resnet-1k-layers): batch 64, Nesterov, 200 epochs, "
@@ -344,9 +372,19 @@ NAMED_CONFIGS = {
     ),
     "imagenet_paper": NamedConfig(
         Config(
-            model="resnet200", dataset="imagenet2012", image_size=224, batch_size=256, reference_batch_size=256,
-            schedule_unit="epochs", duration=90, decay_boundaries=(30, 60), warmup=0, crop_padding=0,
-            normalization_mean=defaults.IMAGENET_MEAN, normalization_std=defaults.IMAGENET_STD, evaluate_every=5000,
+            model="resnet200",
+            dataset="imagenet2012",
+            image_size=224,
+            batch_size=256,
+            reference_batch_size=256,
+            schedule_unit="epochs",
+            duration=90,
+            decay_boundaries=(30, 60),
+            warmup=0,
+            crop_padding=0,
+            normalization_mean=defaults.IMAGENET_MEAN,
+            normalization_std=defaults.IMAGENET_STD,
+            evaluate_every=5000,
             log_every=100,
         ),
         purpose="ImageNet (Section 5, and fb.resnet.torch): lr 0.1, /10 at epochs 30 and 60, batch 256, 90 epochs; "
@@ -369,7 +407,12 @@ NAMED_CONFIGS = {
     # (docs/zoo.md): cifar10_cpu with the search's choices, twice as long.
     "cifar10_zoo": NamedConfig(
         dataclasses.replace(
-            CIFAR10_CPU, schedule="cosine", nesterov=True, weight_decay=5e-4, precision="mixed_bfloat16", duration=60,
+            CIFAR10_CPU,
+            schedule="cosine",
+            nesterov=True,
+            weight_decay=5e-4,
+            precision="mixed_bfloat16",
+            duration=60,
         ),
         purpose="The zoo's recipe (keras_preact/weights), chosen on 5,000 training JPEGs held out (docs/zoo.md): "
         "cifar10_cpu with Nesterov momentum (as the official Torch code's SGD, fb.resnet.torch), weight "
@@ -382,10 +425,22 @@ NAMED_CONFIGS = {
     ),
     "digits_demo": NamedConfig(
         Config(
-            model="resnet20", dataset="digits", image_size=8, batch_size=64, reference_batch_size=128,
-            schedule_unit="epochs", duration=40, decay_boundaries=(20, 30), warmup=1, crop_padding=1,
-            horizontal_flip=False, normalization_mean=DIGITS_MEAN, normalization_std=DIGITS_STD,
-            evaluate_every=100, checkpoint_every=100, log_every=10,
+            model="resnet20",
+            dataset="digits",
+            image_size=8,
+            batch_size=64,
+            reference_batch_size=128,
+            schedule_unit="epochs",
+            duration=40,
+            decay_boundaries=(20, 30),
+            warmup=1,
+            crop_padding=1,
+            horizontal_flip=False,
+            normalization_mean=DIGITS_MEAN,
+            normalization_std=DIGITS_STD,
+            evaluate_every=100,
+            checkpoint_every=100,
+            log_every=10,
         ),
         purpose="The main job: a pre-activation ResNet-20 on scikit-learn's 8x8 handwritten digits, offline, about "
         "a minute on 2 CPU cores. One-pixel crops, no flips (a flipped digit is another symbol); the CIFAR "

@@ -50,13 +50,22 @@ class Signature:
         return f"{self.key}: tf.{self.dtype} [{dimensions}], {self.holds}"
 
 
-SIGNATURES = {signature.name: signature for signature in (
-    Signature("serving_default", "images", "string", "predict_normalized",
-              "encoded JPEG/PNG/GIF/BMP images of any size"),
-    Signature("predict_pixels", "pixels", "uint8", "predict_pixels", "0-255"),
-    Signature("predict_normalized", "normalized", "float32", "predict_normalized",
-              "(pixels - normalization_mean) / normalization_std"),
-)}
+SIGNATURES = {
+    signature.name: signature
+    for signature in (
+        Signature(
+            "serving_default", "images", "string", "predict_normalized", "encoded JPEG/PNG/GIF/BMP images of any size"
+        ),
+        Signature("predict_pixels", "pixels", "uint8", "predict_pixels", "0-255"),
+        Signature(
+            "predict_normalized",
+            "normalized",
+            "float32",
+            "predict_normalized",
+            "(pixels - normalization_mean) / normalization_std",
+        ),
+    )
+}
 OUTPUTS = ("logits", "probabilities", "class_ids", "classes", "scores")
 METADATA_FILE = "metadata.json"
 # The ONNX models: one per signature whose input is an image array (an ONNX graph has no
@@ -109,16 +118,22 @@ class Preprocessing:
             raise ValueError(f"channels must be 1 or 3. Received: channels={self.channels!r}")
         for field in ("normalization_mean", "normalization_std"):
             if len(getattr(self, field)) != self.channels:
-                raise ValueError(f"{field} needs one value per channel ({self.channels}). "
-                                 f"Received: {field}={getattr(self, field)!r}")
+                raise ValueError(
+                    f"{field} needs one value per channel ({self.channels}). Received: {field}={getattr(self, field)!r}"
+                )
         if self.crop not in CROPS:
             raise ValueError(f"crop must be one of {sorted(CROPS)}. Received: crop={self.crop!r}")
 
     @classmethod
     def of(cls, config, channels):
         """The evaluation preprocessing of a training config (`keras_preact_training.configs.Config`)."""
-        return cls(config.image_size, channels, tuple(config.normalization_mean), tuple(config.normalization_std),
-                   "central_crop" if config.dataset == "imagenet2012" else "resize")
+        return cls(
+            config.image_size,
+            channels,
+            tuple(config.normalization_mean),
+            tuple(config.normalization_std),
+            "central_crop" if config.dataset == "imagenet2012" else "resize",
+        )
 
     @classmethod
     def from_metadata(cls, metadata):
@@ -132,9 +147,13 @@ class Preprocessing:
 
 def output_shapes(classes, top_k):
     """Every signature's outputs: {name: (dtype, shape with None for the batch)}."""
-    return {"logits": ("float32", (None, classes)), "probabilities": ("float32", (None, classes)),
-            "class_ids": ("int64", (None,)), "classes": ("string", (None, top_k)),
-            "scores": ("float32", (None, top_k))}
+    return {
+        "logits": ("float32", (None, classes)),
+        "probabilities": ("float32", (None, classes)),
+        "class_ids": ("int64", (None,)),
+        "classes": ("string", (None, top_k)),
+        "scores": ("float32", (None, top_k)),
+    }
 
 
 def versions(directory):
@@ -152,13 +171,16 @@ def latest_version(directory, kind="saved_model"):
         FileNotFoundError: if `directory` holds no numbered version with one.
     """
     marker = {"saved_model": "saved_model.pb", "onnx": onnx_file("predict_normalized")}[kind]
-    found = [version for version in versions(directory)
-             if os.path.exists(os.path.join(directory, str(version), marker))]
+    found = [
+        version for version in versions(directory) if os.path.exists(os.path.join(directory, str(version), marker))
+    ]
     if not found:
         how = "" if kind == "saved_model" else " --format onnx (or all)"
-        raise FileNotFoundError(f"No version folder with {'a SavedModel' if kind == 'saved_model' else 'ONNX models'} "
-                                f"(<directory>/<number>/{marker}) in {directory}. Export one with `keras-preact "
-                                f"export{how}`. Received: {directory!r}")
+        raise FileNotFoundError(
+            f"No version folder with {'a SavedModel' if kind == 'saved_model' else 'ONNX models'} "
+            f"(<directory>/<number>/{marker}) in {directory}. Export one with `keras-preact "
+            f"export{how}`. Received: {directory!r}"
+        )
     return os.path.join(directory, str(found[-1]))
 
 

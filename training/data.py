@@ -21,6 +21,7 @@ import os
 import numpy as np
 
 from .data_folder import IMAGE_EXTENSIONS, ROUTE, check_folder
+
 # Examples held back as the test split of the digits (the last 360 of scikit-learn's
 # 1,797, about 20 % and 33-37 of each class).
 DIGITS_TEST_EXAMPLES = 360
@@ -82,15 +83,18 @@ def load(config):
     pipeline = input_pipeline(config)
     if config.dataset in TENSORFLOW_DATASETS:
         if input_pipeline_name(config) != "tensorflow":
-            raise ValueError(f"dataset={config.dataset} is read through tensorflow-datasets, which needs TensorFlow. "
-                             f"Received: input_pipeline=numpy. Install TensorFlow, or train with --set "
-                             f"dataset=folder on {ROUTE}.")
+            raise ValueError(
+                f"dataset={config.dataset} is read through tensorflow-datasets, which needs TensorFlow. "
+                f"Received: input_pipeline=numpy. Install TensorFlow, or train with --set "
+                f"dataset=folder on {ROUTE}."
+            )
         data = pipeline.tfds_dataset(config)
     elif config.dataset in ("digits", "folder"):
         data = digits(config) if config.dataset == "digits" else image_folder(config)
     else:
-        raise ValueError(f"dataset must be one of {['digits', 'folder', *TENSORFLOW_DATASETS]}. "
-                         f"Received: dataset={config.dataset!r}")
+        raise ValueError(
+            f"dataset must be one of {['digits', 'folder', *TENSORFLOW_DATASETS]}. Received: dataset={config.dataset!r}"
+        )
     if config.validation_examples is not None:
         data.train, data.validation = hold_out(data.train, config.validation_examples, config.seed)
     data.train = subset(data.train, config.train_examples, config.seed)
@@ -123,9 +127,11 @@ def input_pipeline(config):
     """
     name = input_pipeline_name(config)
     if name == "tensorflow" and not tensorflow_installed():
-        raise ImportError("input_pipeline=tensorflow needs TensorFlow, which is not installed. Received: "
-                          "input_pipeline='tensorflow'. Install it (pip install tensorflow), or read the data with "
-                          "NumPy and Pillow: --set input_pipeline=numpy (under KERAS_BACKEND=jax or torch).")
+        raise ImportError(
+            "input_pipeline=tensorflow needs TensorFlow, which is not installed. Received: "
+            "input_pipeline='tensorflow'. Install it (pip install tensorflow), or read the data with "
+            "NumPy and Pillow: --set input_pipeline=numpy (under KERAS_BACKEND=jax or torch)."
+        )
     return importlib.import_module(f"{__package__}.{PIPELINES[name]}")
 
 
@@ -144,8 +150,10 @@ def validation_split(size, validation_examples, seed):
     """(training indices, validation indices): a fixed random `validation_examples` of the
     training set held out, the rest trained on. Disjoint, together every index once."""
     if not isinstance(validation_examples, int) or not 0 < validation_examples < size:
-        raise ValueError(f"validation_examples must be an integer between 1 and the training set's size less one "
-                         f"({size - 1}). Received: validation_examples={validation_examples!r}")
+        raise ValueError(
+            f"validation_examples must be an integer between 1 and the training set's size less one "
+            f"({size - 1}). Received: validation_examples={validation_examples!r}"
+        )
     order = np.random.default_rng(seed).permutation(size)
     return np.sort(order[validation_examples:]), np.sort(order[:validation_examples])
 
@@ -153,11 +161,15 @@ def validation_split(size, validation_examples, seed):
 def hold_out(split, validation_examples, seed):
     """(training split, validation split): `validation_split` applied to an indexed split."""
     if split.items is None:
-        raise ValueError("validation_examples needs a data set held in memory (CIFAR, the digits, an image folder), "
-                         f"not a streamed one. Received: a split of {split.size} streamed examples")
+        raise ValueError(
+            "validation_examples needs a data set held in memory (CIFAR, the digits, an image folder), "
+            f"not a streamed one. Received: a split of {split.size} streamed examples"
+        )
     training, validation = validation_split(split.size, validation_examples, seed)
-    return tuple(dataclasses.replace(split, items=split.items[keep], labels=split.labels[keep], size=len(keep))
-                 for keep in (training, validation))
+    return tuple(
+        dataclasses.replace(split, items=split.items[keep], labels=split.labels[keep], size=len(keep))
+        for keep in (training, validation)
+    )
 
 
 def subset(split, examples, seed, shuffled=False):
@@ -205,8 +217,10 @@ def image_folder(config):
     test_classes = sorted(entry.name for entry in os.scandir(os.path.join(root, "test")) if entry.is_dir())
     unknown = [name for name in test_classes if name not in class_names]
     if unknown:
-        raise ValueError(f"{os.path.join(root, 'test')} has classes that train/ has not, which the network could "
-                         f"never predict: {unknown}. Received: data_dir={root!r}")
+        raise ValueError(
+            f"{os.path.join(root, 'test')} has classes that train/ has not, which the network could "
+            f"never predict: {unknown}. Received: data_dir={root!r}"
+        )
     splits = {}
     for split in ("train", "test"):
         paths, labels = [], []
@@ -215,13 +229,17 @@ def image_folder(config):
             files = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
             paths += [os.path.join(folder, file) for file in files if file.lower().endswith(IMAGE_EXTENSIONS)]
             if split == "train" and len(paths) == len(labels):
-                raise ValueError(f"The class folder {folder} holds no images ({', '.join(IMAGE_EXTENSIONS)}): "
-                                 f"every folder of train/ is a class. Remove it or add its images. "
-                                 f"Received: data_dir={root!r}")
+                raise ValueError(
+                    f"The class folder {folder} holds no images ({', '.join(IMAGE_EXTENSIONS)}): "
+                    f"every folder of train/ is a class. Remove it or add its images. "
+                    f"Received: data_dir={root!r}"
+                )
             labels += [label] * (len(paths) - len(labels))
         if not paths:
-            raise FileNotFoundError(f"No images in {os.path.join(root, split)}/<class>/: --data-dir must be "
-                                    f"{ROUTE}. Received: data_dir={root!r}")
+            raise FileNotFoundError(
+                f"No images in {os.path.join(root, split)}/<class>/: --data-dir must be "
+                f"{ROUTE}. Received: data_dir={root!r}"
+            )
         splits[split] = Split(items=np.array(paths), labels=np.array(labels, "int64"), image_size=config.image_size)
     return DataSet(splits["train"], splits["test"], class_names, (config.image_size, config.image_size, 3))
 
@@ -235,8 +253,10 @@ def raise_for_unreadable(unreadable, name):
     """Raises a ValueError naming `unreadable`, files of the split `name` ("train", "test", ...)
     that do not decode as images, if there are any (at most UNREADABLE_LISTED are found)."""
     if unreadable:
-        raise ValueError(f"The {name} split holds files that do not decode as images (truncated or corrupt): "
-                         f"{unreadable}{' ...' if len(unreadable) == UNREADABLE_LISTED else ''}. Replace or remove them.")
+        raise ValueError(
+            f"The {name} split holds files that do not decode as images (truncated or corrupt): "
+            f"{unreadable}{' ...' if len(unreadable) == UNREADABLE_LISTED else ''}. Replace or remove them."
+        )
 
 
 # The key that `tf.random.experimental.index_shuffle` puts before a seed of two numbers
@@ -275,10 +295,15 @@ def index_shuffle(positions, seed, max_index):
         return (value >> np.uint64(bits)) | ((value << np.uint64(word - bits)) & mask)
 
     keys = [np.uint64(int(number) % 2**32 & int(mask)) for number in (INDEX_SHUFFLE_KEY, *seed)]
-    constant, sequence = np.uint64(0xfffffffc & int(mask)), 0x7369f885192c0ef5 & int(mask)  # Simon's c and z
+    constant, sequence = np.uint64(0xFFFFFFFC & int(mask)), 0x7369F885192C0EF5 & int(mask)  # Simon's c and z
     for round_index in range(3, INDEX_SHUFFLE_ROUNDS):
-        keys.append(constant ^ np.uint64(sequence & 1) ^ keys[round_index - 3]
-                    ^ rotate_right(keys[round_index - 1], 3) ^ rotate_right(keys[round_index - 1], 4))
+        keys.append(
+            constant
+            ^ np.uint64(sequence & 1)
+            ^ keys[round_index - 3]
+            ^ rotate_right(keys[round_index - 1], 3)
+            ^ rotate_right(keys[round_index - 1], 4)
+        )
         sequence >>= 1
 
     def mix(value):
@@ -302,7 +327,7 @@ def index_shuffle(positions, seed, max_index):
     # walks: the cipher of the whole block instead, each entry's walk to the range found by
     # pointer jumping (an entry's target becomes its target's, until it is in the range).
     following = encipher(np.arange(2**block, dtype=np.uint64)).astype(np.int64)
-    while (following[:max_index + 1] > max_index).any():
+    while (following[: max_index + 1] > max_index).any():
         following = np.where(following <= max_index, following, following[following])
     return following[positions.astype(np.int64)]
 

@@ -21,8 +21,10 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "keras-preact")
 CIFAR10_FOLDER = os.path.join(CACHE, "cifar10-jpeg")
 LAYOUT = "DIR/train/<class>/<image> and DIR/test/<class>/<image>, one folder per class"
-ROUTE = (f"an image folder ({LAYOUT}; `keras-preact data ARCHIVE` makes {CIFAR10_FOLDER} from an archive of one, "
-         "docs/training.md#data)")
+ROUTE = (
+    f"an image folder ({LAYOUT}; `keras-preact data ARCHIVE` makes {CIFAR10_FOLDER} from an archive of one, "
+    "docs/training.md#data)"
+)
 
 
 def check_folder(folder):
@@ -63,8 +65,9 @@ def extract(archive, destination=CIFAR10_FOLDER):
         ValueError: for a file that is not such an archive, or an archive without the layout.
     """
     if not os.path.isfile(archive):
-        raise FileNotFoundError(f"No archive at {archive}: an archive of an image folder ({LAYOUT}) is expected. "
-                                f"Received: {archive!r}")
+        raise FileNotFoundError(
+            f"No archive at {archive}: an archive of an image folder ({LAYOUT}) is expected. Received: {archive!r}"
+        )
     destination = os.path.abspath(os.path.expanduser(destination))
     os.makedirs(os.path.dirname(destination), exist_ok=True)
     with open(destination + ".lock", "w") as lock:
@@ -107,5 +110,6 @@ def folder_within(scratch, archive):
         with contextlib.suppress(FileNotFoundError):
             check_folder(candidate)
             return candidate
-    raise ValueError(f"{archive} holds no image folder ({LAYOUT}) at its top or in its one top folder. "
-                     f"Received: {archive!r}")
+    raise ValueError(
+        f"{archive} holds no image folder ({LAYOUT}) at its top or in its one top folder. Received: {archive!r}"
+    )

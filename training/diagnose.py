@@ -41,20 +41,24 @@ def comparisons(depths, depth):
     return {
         "original vs pre-activation": [
             (f"ResNet-{d} {label}", dict(architecture=f"resnet{d}", unit=unit))
-            for d in depths for unit, label in (("original", "original"), ("preactivation", "pre-activation"))
+            for d in depths
+            for unit, label in (("original", "original"), ("preactivation", "pre-activation"))
         ],
         "plain vs residual": [
             (f"ResNet-{depth} plain", dict(architecture=name, unit="original", merge=keras_preact.NoShortcut())),
             (f"ResNet-{depth} original", dict(architecture=name, unit="original")),
             preactivation,
         ],
-        "scaled shortcuts": [preactivation] + [
+        "scaled shortcuts": [preactivation]
+        + [
             (f"ResNet-{depth} lambda={scale}", dict(architecture=name, merge=keras_preact.ConstantScaling(scale, 1.0)))
             for scale in SCALES
         ],
-        "gated shortcuts": [preactivation] + [
+        "gated shortcuts": [preactivation]
+        + [
             (f"ResNet-{depth} {gate.__name__} b_g={bias:g}", dict(architecture=name, merge=gate(bias)))
-            for gate in (keras_preact.ExclusiveGating, keras_preact.ShortcutOnlyGating) for bias in GATE_BIASES
+            for gate in (keras_preact.ExclusiveGating, keras_preact.ShortcutOnlyGating)
+            for bias in GATE_BIASES
         ],
     }
 
@@ -95,7 +99,9 @@ def diagnose(output, depths=(110, 164, 1001), depth=110, batch_size=16, data_dir
                     print(f"{label}: gradient ratio first/last unit {rows[-1]['gradient_ratio']:.3g}")
     write_tables(rows, output)
     plot_gradients(comparisons(depths, depth), measured, os.path.join(output, "gradients.png"))
-    plot_forward(comparisons(depths, depth)["original vs pre-activation"], measured, os.path.join(output, "forward.png"))
+    plot_forward(
+        comparisons(depths, depth)["original vs pre-activation"], measured, os.path.join(output, "forward.png")
+    )
     gains = measure_gains(depth, images)
     plot_gains(gains, os.path.join(output, "shortcut_gains.png"))
     write_identity_checks(depth, os.path.join(output, "identity.md"))
@@ -106,7 +112,9 @@ def summary_row(label, statistics):
     gradients = [unit.input_gradient_norm for unit in statistics]
     ratio = gradients[0] / gradients[-1]
     return dict(
-        network=label, units=len(statistics), gradient_ratio=ratio,
+        network=label,
+        units=len(statistics),
+        gradient_ratio=ratio,
         gradient_factor_per_unit=ratio ** (1 / (len(statistics) - 1)),
         mean_residual_to_shortcut=float(np.mean([unit.residual_to_shortcut for unit in statistics])),
         last_output_norm=statistics[-1].output_norm,
@@ -118,10 +126,15 @@ def write_tables(rows, output):
         writer = csv.DictWriter(file, list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    lines = ["| network | units | gradient first / last unit | per unit | mean ||F|| / ||h|| | last ||x|| |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {row['network']} | {row['units']} | {row['gradient_ratio']:.3g} | {row['gradient_factor_per_unit']:.3f} "
-              f"| {row['mean_residual_to_shortcut']:.2f} | {row['last_output_norm']:.1f} |" for row in rows]
+    lines = [
+        "| network | units | gradient first / last unit | per unit | mean ||F|| / ||h|| | last ||x|| |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {row['network']} | {row['units']} | {row['gradient_ratio']:.3g} | {row['gradient_factor_per_unit']:.3f} "
+        f"| {row['mean_residual_to_shortcut']:.2f} | {row['last_output_norm']:.1f} |"
+        for row in rows
+    ]
     with open(os.path.join(output, "propagation.md"), "w") as file:
         file.write("\n".join(lines) + "\n")
 
@@ -159,8 +172,11 @@ def plot_forward(networks, measured, path):
 
 def measure_gains(depth, images):
     """Shortcut gains through stage 1 of ResNet-`depth` with F = 0, for each variant."""
-    variants = {"identity": None, **{f"lambda={scale}": keras_preact.ConstantScaling(scale, 1.0) for scale in SCALES},
-                **{f"ShortcutOnlyGating b_g={bias:g}": keras_preact.ShortcutOnlyGating(bias) for bias in GATE_BIASES}}
+    variants = {
+        "identity": None,
+        **{f"lambda={scale}": keras_preact.ConstantScaling(scale, 1.0) for scale in SCALES},
+        **{f"ShortcutOnlyGating b_g={bias:g}": keras_preact.ShortcutOnlyGating(bias) for bias in GATE_BIASES},
+    }
     gains = {}
     for label, merge in variants.items():
         model = keras_preact.ResNet(f"resnet{depth}", merge=merge)
@@ -178,14 +194,21 @@ def stem_of(model):
 def plot_gains(gains, path):
     figure, axis = plt.subplots(figsize=(7, 4.5), dpi=110)
     for label, values in gains.items():
-        line, = axis.semilogy(range(len(values)), values, "o", markersize=4, label=f"{label} (measured)")
+        (line,) = axis.semilogy(range(len(values)), values, "o", markersize=4, label=f"{label} (measured)")
         if label.startswith("lambda="):
             scale = float(label.split("=")[1])
             last = len(values) - 1
-            axis.semilogy(range(len(values)), [scale ** (last - l) for l in range(len(values))], "--",
-                          color=line.get_color(), linewidth=1, label=f"{label}: lambda^(L-l)")
-    axis.set(title="Eqn. 8's shortcut term: ||dE/dx_l|| / ||dE/dx_L|| with F = 0 (stage 1)",
-             xlabel="unit l", ylabel="gain")
+            axis.semilogy(
+                range(len(values)),
+                [scale ** (last - l) for l in range(len(values))],
+                "--",
+                color=line.get_color(),
+                linewidth=1,
+                label=f"{label}: lambda^(L-l)",
+            )
+    axis.set(
+        title="Eqn. 8's shortcut term: ||dE/dx_l|| / ||dE/dx_L|| with F = 0 (stage 1)", xlabel="unit l", ylabel="gain"
+    )
     axis.grid(alpha=0.3, which="both")
     axis.legend(fontsize=7)
     figure.tight_layout()
@@ -198,8 +221,12 @@ def write_identity_checks(depth, path):
     # Eqns. 4-5 hold for any x_l: a random one, 8x8 so that the Jacobian is 1024 x 1024.
     x_l = np.random.default_rng(0).normal(size=(1, 8, 8, 16)).astype("float32")
     for unit in ("preactivation", "original"):
-        check = analysis.identity_mapping(analysis.stage_units(keras_preact.ResNet(f"resnet{depth}", unit=unit), 1), x_l)
-        lines.append(f"| {unit} | {check.units} | {check.output_error:.3g} | {check.jacobian_error:.3g} | "
-                     f"{'exact' if check.passed else 'no'} |")
+        check = analysis.identity_mapping(
+            analysis.stage_units(keras_preact.ResNet(f"resnet{depth}", unit=unit), 1), x_l
+        )
+        lines.append(
+            f"| {unit} | {check.units} | {check.output_error:.3g} | {check.jacobian_error:.3g} | "
+            f"{'exact' if check.passed else 'no'} |"
+        )
     with open(path, "w") as file:
         file.write("\n".join(lines) + "\n")

@@ -160,15 +160,19 @@ class TensorFlowSteps:
 
     def __init__(self, config):
         if config.input_pipeline == "numpy":
-            raise ValueError("Under KERAS_BACKEND=tensorflow the images are read through tf.data (tf.distribute). "
-                             "Received: input_pipeline='numpy'. Leave input_pipeline unset, or train under "
-                             "KERAS_BACKEND=jax or torch.")
+            raise ValueError(
+                "Under KERAS_BACKEND=tensorflow the images are read through tf.data (tf.distribute). "
+                "Received: input_pipeline='numpy'. Leave input_pipeline unset, or train under "
+                "KERAS_BACKEND=jax or torch."
+            )
         self.config = config
         self.strategy = make_strategy(config)
         self.replicas = self.strategy.num_replicas_in_sync
         if config.batch_size % self.replicas:
-            raise ValueError(f"batch_size must be divisible by the number of replicas ({self.replicas}). "
-                             f"Received: batch_size={config.batch_size}")
+            raise ValueError(
+                f"batch_size must be divisible by the number of replicas ({self.replicas}). "
+                f"Received: batch_size={config.batch_size}"
+            )
         self.chief = is_chief(self.strategy)
 
     def build(self, dataset, steps_per_epoch):
@@ -181,8 +185,9 @@ class TensorFlowSteps:
                 synchronize_batch_norm(model)
             optimizer = recipe.optimizer(config, steps_per_epoch, model)
             optimizer.build(model.trainable_variables)
-        replica_step = replica_step_function(model, optimizer, config.batch_size,
-                                             recipe.loss(config.label_smoothing, reduction=None), config.xla)
+        replica_step = replica_step_function(
+            model, optimizer, config.batch_size, recipe.loss(config.label_smoothing, reduction=None), config.xla
+        )
 
         @tf.function
         def train_step(iterator):
@@ -207,10 +212,13 @@ class TensorFlowSteps:
     def start(self, split, steps_per_epoch, first_step, total_steps):
         from . import input_tensorflow
 
-        self.iterator = iter(self.strategy.distribute_datasets_from_function(
-            lambda context: input_tensorflow.training_batches(split, self.config, steps_per_epoch, first_step,
-                                                              total_steps, context)
-        ))
+        self.iterator = iter(
+            self.strategy.distribute_datasets_from_function(
+                lambda context: input_tensorflow.training_batches(
+                    split, self.config, steps_per_epoch, first_step, total_steps, context
+                )
+            )
+        )
 
     def step(self):
         loss, correct = self.train_step(self.iterator)
@@ -242,7 +250,8 @@ class OneDeviceSteps:
             raise ValueError(
                 f"Under KERAS_BACKEND={self.backend}, keras-preact train runs on one device (strategy 'default' or "
                 f"'one_device'). Received: strategy={config.strategy!r}. Train on several devices under "
-                "Keras' TensorFlow backend (tf.distribute), or on one.")
+                "Keras' TensorFlow backend (tf.distribute), or on one."
+            )
         self.config = config
 
     def training_objects(self, dataset, steps_per_epoch):
@@ -254,8 +263,9 @@ class OneDeviceSteps:
         return model, optimizer, recipe.loss(config.label_smoothing, reduction=None)
 
     def start(self, split, steps_per_epoch, first_step, total_steps):
-        self.batches = data.input_pipeline(self.config).training_arrays(split, self.config, steps_per_epoch,
-                                                                        first_step, total_steps)
+        self.batches = data.input_pipeline(self.config).training_arrays(
+            split, self.config, steps_per_epoch, first_step, total_steps
+        )
 
 
 class JaxSteps(OneDeviceSteps):
@@ -275,7 +285,8 @@ class JaxSteps(OneDeviceSteps):
 
         def loss_and_updates(trainable, non_trainable, optimizer_values, images, labels):
             logits, non_trainable, own_losses = model.stateless_call(
-                trainable, non_trainable, images, training=True, return_losses=True)
+                trainable, non_trainable, images, training=True, return_losses=True
+            )
             loss = jnp.mean(per_example_loss(labels, logits))
             total = loss + sum(own_losses) if own_losses else loss
             with keras.StatelessScope(state_mapping=list(zip(optimizer.variables, optimizer_values))):
@@ -286,8 +297,9 @@ class JaxSteps(OneDeviceSteps):
 
         def train_step(state, images, labels):
             trainable, non_trainable, optimizer_values = state
-            (_, (loss, logits, non_trainable)), grads = gradients(trainable, non_trainable, optimizer_values,
-                                                                  images, labels)
+            (_, (loss, logits, non_trainable)), grads = gradients(
+                trainable, non_trainable, optimizer_values, images, labels
+            )
             trainable, optimizer_values = optimizer.stateless_apply(optimizer_values, grads, trainable)
             correct = jnp.sum(jnp.argmax(logits, -1) == labels)
             return loss, correct, (trainable, non_trainable, optimizer_values)
@@ -314,8 +326,11 @@ class JaxSteps(OneDeviceSteps):
 
     def predict(self, images):
         trainable, non_trainable = self.variables[:2]
-        return self.predict_values([variable.value for variable in trainable],
-                                   [variable.value for variable in non_trainable], np.asarray(images))
+        return self.predict_values(
+            [variable.value for variable in trainable],
+            [variable.value for variable in non_trainable],
+            np.asarray(images),
+        )
 
 
 class TorchSteps(OneDeviceSteps):

@@ -22,8 +22,16 @@ from . import configs, data, data_folder
 from .defaults import EVALUATION_BATCH_SIZE, EVALUATION_SPLITS
 
 
-def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EVALUATION_BATCH_SIZE, flip=False,
-             split="test", precision="float32"):
+def evaluate(
+    model_name,
+    weights,
+    dataset="folder",
+    data_dir=None,
+    batch_size=EVALUATION_BATCH_SIZE,
+    flip=False,
+    split="test",
+    precision="float32",
+):
     """Evaluates `model_name` with `weights` on a split of a CIFAR-10-like data set.
 
     Args:
@@ -65,8 +73,10 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
     if shipped is not None:
         keras_preact.pretrained.find(weights, model_name, len(shipped["classes"]), shipped["input_shape"], True)
     elif not isinstance(weights, (str, os.PathLike)) or not os.path.isfile(weights):
-        raise FileNotFoundError(f"weights must be the path of a .weights.h5 file saved from {model_name}, or one of "
-                                f"{sorted(keras_preact.pretrained.DATASETS)}. Received: weights={weights!r}")
+        raise FileNotFoundError(
+            f"weights must be the path of a .weights.h5 file saved from {model_name}, or one of "
+            f"{sorted(keras_preact.pretrained.DATASETS)}. Received: weights={weights!r}"
+        )
     if dataset == "folder":
         data_dir = data_folder.or_default(data_dir)
     config = configs.get_config("cifar10_cpu", [f"dataset={dataset}"])
@@ -76,13 +86,21 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
     data_set = data.load(config)
     names = list(data_set.class_names)
     if shipped is not None and names != list(shipped["classes"]):
-        raise ValueError(f"The {weights} weights classify {list(shipped['classes'])}; the data set's classes "
-                         f"differ. Received: classes {names}")
+        raise ValueError(
+            f"The {weights} weights classify {list(shipped['classes'])}; the data set's classes "
+            f"differ. Received: classes {names}"
+        )
     policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(precision)  # layers take the policy when they are made
     try:
-        model = keras_preact.get_model(model_name, weights=weights, include_preprocessing=True, classes=len(names),
-                                       input_shape=data_set.image_shape, classifier_activation=None)
+        model = keras_preact.get_model(
+            model_name,
+            weights=weights,
+            include_preprocessing=True,
+            classes=len(names),
+            input_shape=data_set.image_shape,
+            classifier_activation=None,
+        )
     finally:
         keras.config.set_dtype_policy(policy)
     correct, counts = np.zeros(len(names), "int64"), np.zeros(len(names), "int64")
@@ -99,10 +117,15 @@ def evaluate(model_name, weights, dataset="folder", data_dir=None, batch_size=EV
             mirrored = np.asarray(model.predict_on_batch(images[:, :, ::-1]), "float32")
             flip_correct += int(np.sum(np.argmax(softmax(logits) + softmax(mirrored), axis=-1) == labels))
     seconds = time.perf_counter() - started
-    result = dict(split=split, error=1.0 - correct.sum() / counts.sum(),
-                  per_class_accuracy={name: float(hit / count) for name, hit, count in zip(names, correct, counts)},
-                  images=int(counts.sum()), seconds=seconds, images_per_second=counts.sum() / seconds,
-                  loading_seconds=loading_seconds)
+    result = dict(
+        split=split,
+        error=1.0 - correct.sum() / counts.sum(),
+        per_class_accuracy={name: float(hit / count) for name, hit, count in zip(names, correct, counts)},
+        images=int(counts.sum()),
+        seconds=seconds,
+        images_per_second=counts.sum() / seconds,
+        loading_seconds=loading_seconds,
+    )
     if flip:
         result["flip_error"] = 1.0 - flip_correct / counts.sum()
     return result
@@ -116,11 +139,19 @@ def softmax(logits):
 def report(model_name, weights, result):
     """The result as printed lines: the error, then one line per class."""
     split = EVALUATION_SPLITS[result["split"]]
-    lines = [f"{model_name} ({weights}): {split} error {100 * result['error']:.2f} % on {result['images']:,} "
-             f"images (data and network loaded in {result['loading_seconds']:.1f} s, then {result['seconds']:.1f} s: "
-             f"{result['images_per_second']:.0f} images/s)",
-             *([f"with the test-time flip (mean of an image's and its mirror's probabilities): {split} error "
-                f"{100 * result['flip_error']:.2f} %"] if "flip_error" in result else []),
-             "class          accuracy"]
+    lines = [
+        f"{model_name} ({weights}): {split} error {100 * result['error']:.2f} % on {result['images']:,} "
+        f"images (data and network loaded in {result['loading_seconds']:.1f} s, then {result['seconds']:.1f} s: "
+        f"{result['images_per_second']:.0f} images/s)",
+        *(
+            [
+                f"with the test-time flip (mean of an image's and its mirror's probabilities): {split} error "
+                f"{100 * result['flip_error']:.2f} %"
+            ]
+            if "flip_error" in result
+            else []
+        ),
+        "class          accuracy",
+    ]
     lines += [f"{name:<14} {100 * accuracy:6.2f} %" for name, accuracy in result["per_class_accuracy"].items()]
     return lines

@@ -60,11 +60,14 @@ def decode(preprocessing, encoded):
     BMP decode to their own channels (GIF: RGB; BMP: grey, RGB or RGBA), converted here:
     alpha dropped, grey repeated to RGB, RGB to grey with `tf.image.rgb_to_grayscale`'s
     weights."""
-    own_channels = tf.logical_or(tf.equal(tf.strings.substr(encoded, 0, 3), b"GIF"),
-                                 tf.equal(tf.strings.substr(encoded, 0, 2), b"BM"))
-    image = tf.cond(own_channels, lambda: to_channels(tf.io.decode_image(encoded, expand_animations=False),
-                                                      preprocessing.channels),
-                    lambda: input_tensorflow.decode_image(encoded, preprocessing.channels))
+    own_channels = tf.logical_or(
+        tf.equal(tf.strings.substr(encoded, 0, 3), b"GIF"), tf.equal(tf.strings.substr(encoded, 0, 2), b"BM")
+    )
+    image = tf.cond(
+        own_channels,
+        lambda: to_channels(tf.io.decode_image(encoded, expand_animations=False), preprocessing.channels),
+        lambda: input_tensorflow.decode_image(encoded, preprocessing.channels),
+    )
     return tf.ensure_shape(CROP_FUNCTIONS[preprocessing.crop](image, preprocessing.image_size), preprocessing.shape)
 
 
@@ -85,21 +88,36 @@ def logits_function(network):
     """
     classifier = network.layers[-1] if network.layers else None
     if not isinstance(classifier, keras.layers.Dense):
-        raise ValueError("export needs a classifier whose last layer is a Dense layer (include_top=True). "
-                         f"Received: a model whose last layer is {type(classifier).__name__}")
+        raise ValueError(
+            "export needs a classifier whose last layer is a Dense layer (include_top=True). "
+            f"Received: a model whose last layer is {type(classifier).__name__}"
+        )
     activation = keras.activations.serialize(classifier.activation)
     if activation == "linear":
         return network
     if activation != "softmax":
-        raise ValueError("The classifier's activation must be softmax or None (logits). "
-                         f"Received: classifier activation {activation!r}")
+        raise ValueError(
+            "The classifier's activation must be softmax or None (logits). "
+            f"Received: classifier activation {activation!r}"
+        )
     features = keras.Model(network.input, classifier.input)
     return lambda images: tf.matmul(features(images), classifier.kernel) + classifier.bias
 
 
-def export_saved_model(network, directory, class_names, preprocessing, *, version=None, top_k=DEFAULT_TOP_K,
-                       metadata=None, normalization=None, formats=("saved_model",), fold_batch_norms=True,
-                       verbose=True):
+def export_saved_model(
+    network,
+    directory,
+    class_names,
+    preprocessing,
+    *,
+    version=None,
+    top_k=DEFAULT_TOP_K,
+    metadata=None,
+    normalization=None,
+    formats=("saved_model",),
+    fold_batch_norms=True,
+    verbose=True,
+):
     """Writes `network` as the SavedModel `<directory>/<version>/` and its metadata.
 
     Args:
@@ -134,11 +152,14 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
     class_names = [str(name) for name in class_names]
     classes = network.output_shape[-1]
     if len(class_names) != classes:
-        raise ValueError(f"class_names needs one name per output of the network ({classes}). "
-                         f"Received: {len(class_names)} names")
+        raise ValueError(
+            f"class_names needs one name per output of the network ({classes}). Received: {len(class_names)} names"
+        )
     if tuple(network.input_shape[1:]) != preprocessing.shape:
-        raise ValueError(f"The network's input shape {tuple(network.input_shape[1:])} differs from the "
-                         f"preprocessing's {preprocessing.shape}.")
+        raise ValueError(
+            f"The network's input shape {tuple(network.input_shape[1:])} differs from the "
+            f"preprocessing's {preprocessing.shape}."
+        )
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer. Received: top_k={top_k!r}")
     formats = tuple(formats)
@@ -151,8 +172,9 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
         raise ValueError(f"version must be a positive integer. Received: version={version!r}")
     path = os.path.join(directory, str(version))
     if os.path.exists(path):
-        raise FileExistsError(f"{path} exists; choose another version (TF Serving serves the highest). "
-                              f"Received: version={version}")
+        raise FileExistsError(
+            f"{path} exists; choose another version (TF Serving serves the highest). Received: version={version}"
+        )
 
     normalization = normalization or normalization_layer(preprocessing)
     trained = network
@@ -167,15 +189,21 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
         logits = tf.cast(logits_of(normalized), tf.float32)
         probabilities = tf.nn.softmax(logits)
         scores, indices = tf.math.top_k(probabilities, k=top_k)
-        return dict(logits=logits, probabilities=probabilities, class_ids=tf.argmax(logits, axis=-1),
-                    classes=tf.gather(names, indices), scores=scores)
+        return dict(
+            logits=logits,
+            probabilities=probabilities,
+            class_ids=tf.argmax(logits, axis=-1),
+            classes=tf.gather(names, indices),
+            scores=scores,
+        )
 
     def from_pixels(pixels):
         return predict(tf.cast(normalization(pixels), tf.float32))
 
     def serving_default(images):
-        pixels = tf.map_fn(functools.partial(decode, preprocessing), images,
-                           fn_output_signature=tf.TensorSpec(preprocessing.shape))
+        pixels = tf.map_fn(
+            functools.partial(decode, preprocessing), images, fn_output_signature=tf.TensorSpec(preprocessing.shape)
+        )
         return from_pixels(pixels)
 
     def predict_pixels(pixels):
@@ -197,19 +225,36 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
         archive.write_out(partial, verbose=False)
     else:
         os.makedirs(partial)
-    onnx_files = (export_onnx(trained, partial, preprocessing, normalization, fold_batch_norms)
-                  if "onnx" in formats else {})
+    onnx_files = (
+        export_onnx(trained, partial, preprocessing, normalization, fold_batch_norms) if "onnx" in formats else {}
+    )
     description = dict(
-        name=os.path.basename(os.path.normpath(directory)), version=version, class_names=class_names,
+        name=os.path.basename(os.path.normpath(directory)),
+        version=version,
+        class_names=class_names,
         input=dict(dataclasses.asdict(preprocessing), pixel_range=[0, 255]),
         signatures={name: signature.describe(preprocessing.shape) for name, signature in contract.SIGNATURES.items()},
-        outputs=list(contract.OUTPUTS), top_k=top_k, network=network.name, formats=list(formats),
+        outputs=list(contract.OUTPUTS),
+        top_k=top_k,
+        network=network.name,
+        formats=list(formats),
         folded_batch_norms=getattr(network, "folded_batch_norms", 0),
         exported=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         versions=dict(keras=keras.__version__, tensorflow=tf.__version__, **onnx_versions(formats)),
-        **(dict(onnx=dict(files=onnx_files, outputs=list(contract.ONNX_OUTPUTS),
-                          sha256={signature: checksums.sha256(os.path.join(partial, file))
-                                  for signature, file in onnx_files.items()})) if onnx_files else {}),
+        **(
+            dict(
+                onnx=dict(
+                    files=onnx_files,
+                    outputs=list(contract.ONNX_OUTPUTS),
+                    sha256={
+                        signature: checksums.sha256(os.path.join(partial, file))
+                        for signature, file in onnx_files.items()
+                    },
+                )
+            )
+            if onnx_files
+            else {}
+        ),
         **(metadata or {}),
     )
     with open(os.path.join(partial, contract.METADATA_FILE), "w") as file:
@@ -218,8 +263,10 @@ def export_saved_model(network, directory, class_names, preprocessing, *, versio
     if verbose:
         written = " and ".join({"saved_model": "a SavedModel", "onnx": "ONNX"}[kind] for kind in formats)
         folded = f", {description['folded_batch_norms']} BatchNorms folded" if description["folded_batch_norms"] else ""
-        print(f"Exported {network.name} to {path} ({written}{folded}) in {time.perf_counter() - started:.1f} s "
-              f"({directory_megabytes(path):.1f} MB).")
+        print(
+            f"Exported {network.name} to {path} ({written}{folded}) in {time.perf_counter() - started:.1f} s "
+            f"({directory_megabytes(path):.1f} MB)."
+        )
     return path
 
 
@@ -270,8 +317,9 @@ class OnnxExportModel(keras.Model):
     def call(self, inputs):
         images = tf.cast(inputs, tf.float32)
         if self.mean is not None:
-            images = (images - tf.constant(self.mean)) / tf.maximum(tf.sqrt(tf.constant(self.variance)),
-                                                                    keras.backend.epsilon())
+            images = (images - tf.constant(self.mean)) / tf.maximum(
+                tf.sqrt(tf.constant(self.variance)), keras.backend.epsilon()
+            )
         logits = tf.cast(self.logits_of(images), tf.float32)
         return dict(logits=logits, probabilities=tf.nn.softmax(logits), class_ids=tf.argmax(logits, axis=-1))
 
@@ -291,8 +339,9 @@ def export_onnx(network, path, preprocessing, normalization, fold_batch_norms=Tr
     # tf2onnx has no ONNX for the TensorLists of a `keras.ops.scan` loop: units in loops
     # (`scan_units`) are exported as the same units, one layer each, with the same weights.
     network = inference_network(keras_preact.separate_units(network), fold_batch_norms)
-    mean, variance = (keras.ops.convert_to_numpy(value).astype(np.float32)
-                      for value in (normalization.mean, normalization.variance))
+    mean, variance = (
+        keras.ops.convert_to_numpy(value).astype(np.float32) for value in (normalization.mean, normalization.variance)
+    )
     pixels = np.random.default_rng(0).integers(0, 256, size=(4, *preprocessing.shape)).astype(np.uint8)
     os.makedirs(os.path.join(path, contract.ONNX_DIRECTORY), exist_ok=True)
     files = {}
@@ -304,17 +353,24 @@ def export_onnx(network, path, preprocessing, normalization, fold_batch_norms=Tr
         files[signature.name] = contract.onnx_file(signature.name)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # tf2onnx's use of np.object, patched by Keras
-            model.export(os.path.join(path, files[signature.name]), format="onnx", verbose=False,
-                         input_signature=[input_spec(signature, preprocessing.shape)])
-        session = onnxruntime.InferenceSession(os.path.join(path, files[signature.name]),
-                                               providers=["CPUExecutionProvider"])
+            model.export(
+                os.path.join(path, files[signature.name]),
+                format="onnx",
+                verbose=False,
+                input_signature=[input_spec(signature, preprocessing.shape)],
+            )
+        session = onnxruntime.InferenceSession(
+            os.path.join(path, files[signature.name]), providers=["CPUExecutionProvider"]
+        )
         logits = session.run(["logits"], {signature.key: inputs.astype(signature.dtype)})[0]
         difference = np.abs(logits - expected).max() / max(np.abs(expected).max(), 1e-6)
         if not difference <= ONNX_TOLERANCE:
-            raise ValueError(f"The ONNX model {files[signature.name]} computes other logits than the network under "
-                             f"onnxruntime on random pixels: relative difference {difference:.2g}, where float32 "
-                             f"rounding stays under {ONNX_TOLERANCE:g} (an untrained deep network can amplify "
-                             "rounding that much; a trained one does not). Export with --format saved_model.")
+            raise ValueError(
+                f"The ONNX model {files[signature.name]} computes other logits than the network under "
+                f"onnxruntime on random pixels: relative difference {difference:.2g}, where float32 "
+                f"rounding stays under {ONNX_TOLERANCE:g} (an untrained deep network can amplify "
+                "rounding that much; a trained one does not). Export with --format saved_model."
+            )
     return files
 
 
@@ -326,8 +382,16 @@ def directory_megabytes(path):
     return sum(os.path.getsize(os.path.join(root, file)) for root, _, files in os.walk(path) for file in files) / 2**20
 
 
-def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k=DEFAULT_TOP_K, verbose=True,
-               formats=("saved_model",), fold_batch_norms=True):
+def export_run(
+    run_dir,
+    output=DEFAULT_DIRECTORY,
+    name=None,
+    version=None,
+    top_k=DEFAULT_TOP_K,
+    verbose=True,
+    formats=("saved_model",),
+    fold_batch_norms=True,
+):
     """Exports the model a `keras-preact train` run saved, with its run's facts.
 
     The run's `model.keras` is the training model (augmentation, normalisation, network);
@@ -340,28 +404,55 @@ def export_run(run_dir, output=DEFAULT_DIRECTORY, name=None, version=None, top_k
     """
     model_path, summary_path = (os.path.join(run_dir, file) for file in ("model.keras", "summary.json"))
     if not (os.path.exists(model_path) and os.path.exists(summary_path)):
-        raise FileNotFoundError(f"{run_dir} holds no finished training run (model.keras and summary.json); train "
-                                f"with `keras-preact train --run-dir {run_dir}` first. Received: {run_dir!r}")
+        raise FileNotFoundError(
+            f"{run_dir} holds no finished training run (model.keras and summary.json); train "
+            f"with `keras-preact train --run-dir {run_dir}` first. Received: {run_dir!r}"
+        )
     summary = files.read_json(summary_path, "train the run again, or restore the file")
     config = run_config(summary)
     try:
         training_model = keras.saving.load_model(model_path)
     except Exception as error:  # noqa: BLE001  (Keras reports a damaged archive as many kinds of error)
-        raise ValueError(f"Could not read the run's model {model_path} (a truncated or corrupt file: train the run "
-                         f"again, or restore the file): {type(error).__name__}: {error}") from error
+        raise ValueError(
+            f"Could not read the run's model {model_path} (a truncated or corrupt file: train the run "
+            f"again, or restore the file): {type(error).__name__}: {error}"
+        ) from error
     network = training_model.layers[-1]
     preprocessing = Preprocessing.of(config, channels=summary["image_shape"][-1])
     name = checked_name(name or f"{summary['dataset']}_{summary['model']}")
-    metadata = dict(model=summary["model"], dataset=summary["dataset"], test_error=summary["test_error"],
-                    training_steps=summary["steps"], training_config=summary.get("config"))
-    return export_saved_model(network, os.path.join(output, name), summary["class_names"], preprocessing,
-                              version=version, top_k=top_k, metadata=metadata,
-                              normalization=training_model.get_layer("normalization"), formats=formats,
-                              fold_batch_norms=fold_batch_norms, verbose=verbose)
+    metadata = dict(
+        model=summary["model"],
+        dataset=summary["dataset"],
+        test_error=summary["test_error"],
+        training_steps=summary["steps"],
+        training_config=summary.get("config"),
+    )
+    return export_saved_model(
+        network,
+        os.path.join(output, name),
+        summary["class_names"],
+        preprocessing,
+        version=version,
+        top_k=top_k,
+        metadata=metadata,
+        normalization=training_model.get_layer("normalization"),
+        formats=formats,
+        fold_batch_norms=fold_batch_norms,
+        verbose=verbose,
+    )
 
 
-def export_shipped(model_name, dataset="cifar10", output=DEFAULT_DIRECTORY, name=None, version=None,
-                   top_k=DEFAULT_TOP_K, verbose=True, formats=("saved_model",), fold_batch_norms=True):
+def export_shipped(
+    model_name,
+    dataset="cifar10",
+    output=DEFAULT_DIRECTORY,
+    name=None,
+    version=None,
+    top_k=DEFAULT_TOP_K,
+    verbose=True,
+    formats=("saved_model",),
+    fold_batch_norms=True,
+):
     """Exports a network with keras-preact's shipped weights (`keras_preact.pretrained`),
     normalised with its data set's statistics, with the registry's facts in its metadata.
     The name defaults to "<dataset>_<model>", as a run's.
@@ -373,15 +464,29 @@ def export_shipped(model_name, dataset="cifar10", output=DEFAULT_DIRECTORY, name
     network = keras_preact.get_model(model_name, weights=dataset)
     facts = pretrained.DATASETS[dataset]
     entry = pretrained.registry()[dataset][model_name]
-    preprocessing = Preprocessing(facts["input_shape"][0], facts["input_shape"][-1], tuple(facts["mean"]),
-                                  tuple(facts["std"]))
-    metadata = dict(model=model_name, dataset=dataset, test_error=entry["test_error"],
-                    weights=dict(file=entry["file"], sha256=entry["sha256"]),
-                    training_config=entry.get("config"))
+    preprocessing = Preprocessing(
+        facts["input_shape"][0], facts["input_shape"][-1], tuple(facts["mean"]), tuple(facts["std"])
+    )
+    metadata = dict(
+        model=model_name,
+        dataset=dataset,
+        test_error=entry["test_error"],
+        weights=dict(file=entry["file"], sha256=entry["sha256"]),
+        training_config=entry.get("config"),
+    )
     name = checked_name(name or f"{dataset}_{model_name}")
-    return export_saved_model(network, os.path.join(output, name), facts["classes"],
-                              preprocessing, version=version, top_k=top_k, metadata=metadata, formats=formats,
-                              fold_batch_norms=fold_batch_norms, verbose=verbose)
+    return export_saved_model(
+        network,
+        os.path.join(output, name),
+        facts["classes"],
+        preprocessing,
+        version=version,
+        top_k=top_k,
+        metadata=metadata,
+        formats=formats,
+        fold_batch_norms=fold_batch_norms,
+        verbose=verbose,
+    )
 
 
 def read_image_files(paths):
@@ -400,16 +505,19 @@ def read_image_files(paths):
         try:
             tf.io.decode_image(encoded[-1], expand_animations=False)
         except tf.errors.InvalidArgumentError as error:
-            raise ValueError(f"{path} is not a JPEG, PNG, GIF or BMP image TensorFlow decodes: "
-                             f"{error.message.splitlines()[0]}") from None
+            raise ValueError(
+                f"{path} is not a JPEG, PNG, GIF or BMP image TensorFlow decodes: {error.message.splitlines()[0]}"
+            ) from None
     return encoded
 
 
 def classify(version_path, encoded_images):
     """The reloaded SavedModel's top classes of encoded images: per image [(class, score), ...]."""
     outputs = predict_encoded(version_path, encoded_images)
-    return [[(name.decode(), float(score)) for name, score in zip(classes, scores)]
-            for classes, scores in zip(outputs["classes"], outputs["scores"])]
+    return [
+        [(name.decode(), float(score)) for name, score in zip(classes, scores)]
+        for classes, scores in zip(outputs["classes"], outputs["scores"])
+    ]
 
 
 def checked_name(name):
@@ -419,20 +527,24 @@ def checked_name(name):
         ValueError: for a name with a path separator, "..", a leading "." or another character.
     """
     if not isinstance(name, str) or not MODEL_NAME.fullmatch(name):
-        raise ValueError("name must be one folder name of letters, digits, '_', '-' and '.', not starting with "
-                         f"'.' (it is the model's folder under the output). Received: name={name!r}")
+        raise ValueError(
+            "name must be one folder name of letters, digits, '_', '-' and '.', not starting with "
+            f"'.' (it is the model's folder under the output). Received: name={name!r}"
+        )
     return name
 
 
 def run_config(summary):
-    return configs.Config(**{field: tuple(value) if isinstance(value, list) else value
-                             for field, value in summary["config"].items()})
+    return configs.Config(
+        **{field: tuple(value) if isinstance(value, list) else value for field, value in summary["config"].items()}
+    )
 
 
 def example_image(run_dir):
     """(encoded bytes, true class) of the first test image of a run's data set."""
-    config = run_config(files.read_json(os.path.join(run_dir, "summary.json"), "train the run again, or restore "
-                                        "the file"))
+    config = run_config(
+        files.read_json(os.path.join(run_dir, "summary.json"), "train the run again, or restore the file")
+    )
     dataset = data.load(dataclasses.replace(config, test_examples=None))
     split = dataset.test
     item, label = (split.items[0], split.labels[0]) if split.items is not None else next(iter(split.stream))

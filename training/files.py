@@ -31,8 +31,9 @@ def read_json(path, remedy):
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise ValueError(f"{path} is not valid JSON (truncated or corrupt: {str(error)[:120]}): {remedy}.") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{path} must hold a JSON object. Received: {type(value).__name__}. {remedy[:1].upper()}"
-                         f"{remedy[1:]}.")
+        raise ValueError(
+            f"{path} must hold a JSON object. Received: {type(value).__name__}. {remedy[:1].upper()}{remedy[1:]}."
+        )
     return value
 
 
@@ -45,11 +46,11 @@ def make_directory(path, what):
     try:
         os.makedirs(path, exist_ok=True)
     except (FileExistsError, NotADirectoryError, PermissionError) as error:
-        blocking = next((parent for parent in parents(path) if os.path.exists(parent) and not os.path.isdir(parent)),
-                        None)
+        blocking = next(
+            (parent for parent in parents(path) if os.path.exists(parent) and not os.path.isdir(parent)), None
+        )
         reason = f"{blocking} is a file, not a folder" if blocking else (error.strerror or str(error))
-        raise ValueError(f"Cannot make the {what} {path}: {reason}. Choose another path. "
-                         f"Received: {path!r}") from None
+        raise ValueError(f"Cannot make the {what} {path}: {reason}. Choose another path. Received: {path!r}") from None
 
 
 def parents(path):

@@ -68,10 +68,13 @@ def decode_files(paths, image_size):
     with concurrent.futures.ThreadPoolExecutor(len(chunks)) as pool:
         decoded = [pixels for chunk in pool.map(decode, chunks) for pixels in chunk]
     if unreadable:
-        raise UnreadableImage(sorted(unreadable)[:data.UNREADABLE_LISTED])
+        raise UnreadableImage(sorted(unreadable)[: data.UNREADABLE_LISTED])
     dtype = np.uint8 if all(pixels.dtype == np.uint8 for pixels in decoded) else np.float32
-    return np.stack([pixels.astype(dtype, copy=False) for pixels in decoded]) if decoded else np.zeros(
-        (0, image_size, image_size, 3), np.uint8)
+    return (
+        np.stack([pixels.astype(dtype, copy=False) for pixels in decoded])
+        if decoded
+        else np.zeros((0, image_size, image_size, 3), np.uint8)
+    )
 
 
 def prepare(split, name):
@@ -85,15 +88,17 @@ def prepare(split, name):
             `input_tensorflow` reads.
     """
     if split.items is None:
-        raise ValueError(f"The {name} split is a stream of tensorflow-datasets, which only the TensorFlow input "
-                         "pipeline reads. Received: input_pipeline=numpy")
+        raise ValueError(
+            f"The {name} split is a stream of tensorflow-datasets, which only the TensorFlow input "
+            "pipeline reads. Received: input_pipeline=numpy"
+        )
     if not data.holds_files(split):
         return split
     try:
-        if split.size * split.image_size ** 2 * 3 <= MEMORY_LIMIT_BYTES:
+        if split.size * split.image_size**2 * 3 <= MEMORY_LIMIT_BYTES:
             return data.Split(labels=split.labels, items=decode_files(split.items, split.image_size))
         for start in range(0, split.size, CHECKED_TOGETHER):
-            decode_files(split.items[start:start + CHECKED_TOGETHER], split.image_size)
+            decode_files(split.items[start : start + CHECKED_TOGETHER], split.image_size)
     except UnreadableImage as error:
         data.raise_for_unreadable(error.args[0], name)
     return split

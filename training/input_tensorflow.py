@@ -61,8 +61,11 @@ def decode_image(encoded, channels):
     which is up to 5 levels off: training, evaluation, the SavedModel and the onnxruntime
     server (Pillow) then see the same pixels."""
     jpeg = tf.equal(tf.strings.substr(encoded, 0, 3), b"\xff\xd8\xff")  # the JPEG signature
-    return tf.cond(jpeg, lambda: tf.io.decode_jpeg(encoded, channels, dct_method="INTEGER_ACCURATE"),
-                   lambda: tf.io.decode_image(encoded, channels, expand_animations=False))
+    return tf.cond(
+        jpeg,
+        lambda: tf.io.decode_jpeg(encoded, channels, dct_method="INTEGER_ACCURATE"),
+        lambda: tf.io.decode_image(encoded, channels, expand_animations=False),
+    )
 
 
 def decode_file(image_size):
@@ -95,9 +98,11 @@ def tfds_dataset(config):
     import tensorflow_datasets as tfds
 
     builder = tfds.builder(config.dataset, data_dir=config.data_dir)
-    remedy = (f"Download it on a machine with internet access (python -m tensorflow_datasets.scripts."
-              f"download_and_prepare --datasets={config.dataset}) and pass its data directory with --data-dir, or "
-              f"train with --set dataset=folder on {data_folder.ROUTE}")
+    remedy = (
+        f"Download it on a machine with internet access (python -m tensorflow_datasets.scripts."
+        f"download_and_prepare --datasets={config.dataset}) and pass its data directory with --data-dir, or "
+        f"train with --set dataset=folder on {data_folder.ROUTE}"
+    )
     if not builder.is_prepared() and config.dataset in DOWNLOAD_HOSTS:
         # Offline, tensorflow-datasets retries its download for minutes before it fails.
         try:
@@ -105,7 +110,8 @@ def tfds_dataset(config):
         except OSError as error:
             raise FileNotFoundError(
                 f"{config.dataset!r} is not prepared in {builder.data_dir}, and its download server "
-                f"{DOWNLOAD_HOSTS[config.dataset]} cannot be reached ({error}). {remedy}.") from None
+                f"{DOWNLOAD_HOSTS[config.dataset]} cannot be reached ({error}). {remedy}."
+            ) from None
     try:
         builder.download_and_prepare()
     except Exception as error:
@@ -122,8 +128,9 @@ def tfds_dataset(config):
         size = builder.info.splits[split].num_examples
         if size <= IN_MEMORY_EXAMPLES:
             encoded, labels = zip(*stream.as_numpy_iterator())
-            splits[name] = data.Split(items=np.array(encoded, dtype=object), labels=np.array(labels, "int64"),
-                                      decode=decode)
+            splits[name] = data.Split(
+                items=np.array(encoded, dtype=object), labels=np.array(labels, "int64"), decode=decode
+            )
         else:
             splits[name] = data.Split(stream=stream, size=size, decode=decode)
     class_names = builder.info.features["label"].names
@@ -148,8 +155,12 @@ CROP_ASPECT_RATIO = (3 / 4, 4 / 3)
 
 def random_resized_crop(image, image_size):
     begin, size, _ = tf.image.sample_distorted_bounding_box(
-        tf.shape(image), tf.zeros((1, 0, 4)), area_range=CROP_AREA, aspect_ratio_range=CROP_ASPECT_RATIO,
-        max_attempts=10, use_image_if_no_bounding_boxes=True,
+        tf.shape(image),
+        tf.zeros((1, 0, 4)),
+        area_range=CROP_AREA,
+        aspect_ratio_range=CROP_ASPECT_RATIO,
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
     )
     return tf.image.resize(tf.slice(image, begin, size), (image_size, image_size))
 

@@ -22,8 +22,19 @@ from . import checkpoints, configs, data, defaults, engines, files, plots, recip
 
 # test_* or validation_*: the split a run evaluates on (`Config.validation_examples`); hours: of
 # training steps, summed over the sessions of a resumed run.
-CSV_FIELDS = ["step", "epoch", "loss", "accuracy", "learning_rate", "test_loss", "test_error", "images_per_second",
-              "validation_loss", "validation_error", "hours"]
+CSV_FIELDS = [
+    "step",
+    "epoch",
+    "loss",
+    "accuracy",
+    "learning_rate",
+    "test_loss",
+    "test_error",
+    "images_per_second",
+    "validation_loss",
+    "validation_error",
+    "hours",
+]
 # The weights' average (`Config.average_momentum`) is evaluated with BatchNorm statistics
 # of its own, the mean of those of this many training images in batches of
 # AVERAGE_STATISTICS_BATCH (Izmailov et al., "Averaging Weights Leads to Wider Optima",
@@ -38,8 +49,14 @@ CONFIG_FILE = "config.json"
 # evaluated and checkpointed (none of them changes a weight), which BatchNorm path runs
 # (the same computation to float rounding, with the same variables in its checkpoints), and
 # which input pipeline reads the images (the same batches).
-RESUMABLE_CHANGES = ("data_dir", "evaluate_every", "checkpoint_every", "log_every", "fused_batch_norm",
-                     "input_pipeline")
+RESUMABLE_CHANGES = (
+    "data_dir",
+    "evaluate_every",
+    "checkpoint_every",
+    "log_every",
+    "fused_batch_norm",
+    "input_pipeline",
+)
 
 
 class TrainingDiverged(RuntimeError):
@@ -117,8 +134,11 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     if first_step and steps.chief and verbose:
         print(f"Resuming from {restored} at step {first_step} of {total_steps}.")
     steps.start(dataset.train, steps_per_epoch, first_step, total_steps)
-    progress = keras.utils.Progbar(total_steps, stateful_metrics=["loss", "accuracy", "lr", f"{evaluated_on}_error"],
-                                   verbose=1 if steps.chief and verbose else 0)
+    progress = keras.utils.Progbar(
+        total_steps,
+        stateful_metrics=["loss", "accuracy", "lr", f"{evaluated_on}_error"],
+        verbose=1 if steps.chief and verbose else 0,
+    )
     progress.update(first_step)
     # Training time counts the steps only (until their loss is back), not evaluations or checkpoints.
     window_loss, window_correct, window_seconds, window_steps = 0.0, 0.0, 0.0, 0
@@ -138,10 +158,15 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
         values = [("loss", loss), ("accuracy", correct / config.batch_size), ("lr", learning_rate)]
         if step % config.log_every == 0 or step == total_steps:
             training_seconds += window_seconds
-            row = dict(step=step, epoch=round(step / steps_per_epoch, 3), loss=window_loss / window_steps,
-                       accuracy=window_correct / (window_steps * config.batch_size), learning_rate=learning_rate,
-                       images_per_second=window_steps * config.batch_size / window_seconds,
-                       hours=round(log.earlier_hours + training_seconds / 3600, 5))
+            row = dict(
+                step=step,
+                epoch=round(step / steps_per_epoch, 3),
+                loss=window_loss / window_steps,
+                accuracy=window_correct / (window_steps * config.batch_size),
+                learning_rate=learning_rate,
+                images_per_second=window_steps * config.batch_size / window_seconds,
+                hours=round(log.earlier_hours + training_seconds / 3600, 5),
+            )
             if step % config.evaluate_every == 0 or step == total_steps:
                 row[f"{evaluated_on}_loss"], error = evaluate()
                 row[f"{evaluated_on}_error"] = error
@@ -169,8 +194,9 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     return summary
 
 
-def average_statistics(model, split, pipeline=None, images=AVERAGE_STATISTICS_IMAGES,
-                       batch_size=AVERAGE_STATISTICS_BATCH):
+def average_statistics(
+    model, split, pipeline=None, images=AVERAGE_STATISTICS_IMAGES, batch_size=AVERAGE_STATISTICS_BATCH
+):
     """Sets the moving statistics of every BatchNorm of `model` to the mean of its batch
     statistics over `images` of `split` (a fixed random sample in a random order, so that
     every batch mixes the classes), in training mode: BatchNorm statistics of the weights
@@ -209,14 +235,19 @@ def check_resumed_config(config, run_dir, allow_changes=False, verbose=True):
         # A field added to Config since the run started was its default then.
         defaults = json.loads(json.dumps(dataclasses.asdict(configs.Config())))
         recorded = {**{field: value for field, value in defaults.items() if field not in recorded}, **recorded}
-        changed = [field for field in sorted(set(recorded) | set(now))
-                   if recorded.get(field) != now.get(field) and field not in RESUMABLE_CHANGES]
+        changed = [
+            field
+            for field in sorted(set(recorded) | set(now))
+            if recorded.get(field) != now.get(field) and field not in RESUMABLE_CHANGES
+        ]
         if changed and not allow_changes:
             differences = ", ".join(f"{field}: {recorded.get(field)!r} -> {now.get(field)!r}" for field in changed)
-            raise ValueError(f"The run in {run_dir} was started with other settings; resuming it would train another "
-                             f"recipe. Differing fields: {differences}. Run the same command as it started with, "
-                             "choose another --run-dir, or resume with --allow-config-changes to train on with "
-                             "the new settings.")
+            raise ValueError(
+                f"The run in {run_dir} was started with other settings; resuming it would train another "
+                f"recipe. Differing fields: {differences}. Run the same command as it started with, "
+                "choose another --run-dir, or resume with --allow-config-changes to train on with "
+                "the new settings."
+            )
         if changed and verbose:
             print(f"Resuming {run_dir} with changed settings (--allow-config-changes): {', '.join(changed)}.")
     with open(path, "w") as file:
@@ -276,18 +307,25 @@ class TrainingLog:
         """summary.json: `test_error` (or `validation_error`, with `evaluated_on` saying which) of the
         final model, `training_hours` of the whole run, this session's seconds and images/s."""
         summary = dict(
-            evaluated_on=evaluated_on, **{f"{evaluated_on}_error": error}, steps=total_steps,
+            evaluated_on=evaluated_on,
+            **{f"{evaluated_on}_error": error},
+            steps=total_steps,
             training_hours=round(self.earlier_hours + training_seconds / 3600, 4),
             training_seconds=round(training_seconds, 2),
             training_images_per_second=self.images_per_second(),
             weights_sha256=weights_digest(model),
-            model=config.model, dataset=config.dataset, class_names=dataset.class_names,
-            image_shape=list(dataset.image_shape), config=dataclasses.asdict(config), command=command,
+            model=config.model,
+            dataset=config.dataset,
+            class_names=dataset.class_names,
+            image_shape=list(dataset.image_shape),
+            config=dataclasses.asdict(config),
+            command=command,
         )
         if not self.chief:
             return summary
-        plots.training_curves(self.csv_path, os.path.join(self.run_dir, "curves.png"),
-                              title=f"{config.model} on {data.name(config)}")
+        plots.training_curves(
+            self.csv_path, os.path.join(self.run_dir, "curves.png"), title=f"{config.model} on {data.name(config)}"
+        )
         model.save(os.path.join(self.run_dir, "model.keras"))
         with open(os.path.join(self.run_dir, "summary.json"), "w") as file:
             json.dump(summary, file, indent=2)

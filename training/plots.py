@@ -14,7 +14,7 @@ def read_log(csv_path):
 
 
 def evaluated_split(rows):
-    """"validation" for a run that held out a validation split (and never read the test set), else "test"."""
+    """ "validation" for a run that held out a validation split (and never read the test set), else "test"."""
     return "validation" if any(row.get("validation_error") for row in rows) else "test"
 
 
@@ -25,12 +25,20 @@ def training_curves(csv_path, png_path, title=""):
     figure, error_axis = plt.subplots(figsize=(7, 4.5), dpi=120)
     loss_axis = error_axis.twinx()
     steps = [int(row["step"]) for row in rows]
-    loss_axis.plot(steps, [float(row["loss"]) for row in rows], "--", color="tab:blue", linewidth=1, label="training loss")
+    loss_axis.plot(
+        steps, [float(row["loss"]) for row in rows], "--", color="tab:blue", linewidth=1, label="training loss"
+    )
     split = evaluated_split(rows)
     evaluated = [row for row in rows if row[f"{split}_error"]]
-    error_axis.plot([int(row["step"]) for row in evaluated], [100 * float(row[f"{split}_error"]) for row in evaluated],
-                    "-", color="tab:red", linewidth=2, marker="o" if len(evaluated) < 30 else None,
-                    label=f"{split} error")
+    error_axis.plot(
+        [int(row["step"]) for row in evaluated],
+        [100 * float(row[f"{split}_error"]) for row in evaluated],
+        "-",
+        color="tab:red",
+        linewidth=2,
+        marker="o" if len(evaluated) < 30 else None,
+        label=f"{split} error",
+    )
     error_axis.set_xlabel("iterations")
     error_axis.set_ylabel(f"{split} error (%)")
     loss_axis.set_ylabel("training loss")
@@ -59,9 +67,15 @@ def time_to_accuracy(runs, png_path, title=""):
     for label, (rows, hours_per_step) in runs.items():
         split = evaluated_split(rows)
         evaluated = [row for row in rows if row[f"{split}_error"]]
-        axis.plot([int(row["step"]) * hours_per_step for row in evaluated],
-                  [100 * float(row[f"{split}_error"]) for row in evaluated], "-", marker="o", markersize=3,
-                  linewidth=1.5, label=f"{label} ({split})")
+        axis.plot(
+            [int(row["step"]) * hours_per_step for row in evaluated],
+            [100 * float(row[f"{split}_error"]) for row in evaluated],
+            "-",
+            marker="o",
+            markersize=3,
+            linewidth=1.5,
+            label=f"{label} ({split})",
+        )
     axis.set_xlabel("training hours on this machine")
     axis.set_ylabel("error (%)")
     axis.set_ylim(bottom=0)

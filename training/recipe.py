@@ -94,7 +94,9 @@ class WarmupPiecewiseDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step):
         step = ops.cast(step, "float32")
-        decays = ops.sum(ops.cast(ops.greater_equal(step, ops.array(self.boundaries + [float("inf")], "float32")), "float32"))
+        decays = ops.sum(
+            ops.cast(ops.greater_equal(step, ops.array(self.boundaries + [float("inf")], "float32")), "float32")
+        )
         decayed = self.learning_rate * ops.power(self.decay_factor, decays)
         return ops.where(ops.less(step, float(self.warmup_steps)), self.warmup_learning_rate, decayed)
 
@@ -125,8 +127,10 @@ class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, learning_rate, total_steps, warmup_steps=0, warmup_learning_rate=0.0):
         if not 0 <= int(warmup_steps) < int(total_steps):
-            raise ValueError(f"warmup_steps must be at least 0 and less than total_steps ({total_steps}). "
-                             f"Received: warmup_steps={warmup_steps!r}")
+            raise ValueError(
+                f"warmup_steps must be at least 0 and less than total_steps ({total_steps}). "
+                f"Received: warmup_steps={warmup_steps!r}"
+            )
         self.learning_rate = float(learning_rate)
         self.total_steps = int(total_steps)
         self.warmup_steps = int(warmup_steps)
@@ -139,15 +143,23 @@ class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
         return ops.where(ops.less(step, float(self.warmup_steps)), self.warmup_learning_rate, annealed)
 
     def get_config(self):
-        return dict(learning_rate=self.learning_rate, total_steps=self.total_steps, warmup_steps=self.warmup_steps,
-                    warmup_learning_rate=self.warmup_learning_rate)
+        return dict(
+            learning_rate=self.learning_rate,
+            total_steps=self.total_steps,
+            warmup_steps=self.warmup_steps,
+            warmup_learning_rate=self.warmup_learning_rate,
+        )
 
 
 def schedule(config, steps_per_epoch):
     """The learning-rate schedule of `config` (see `keras_preact_training.configs.Config`)."""
     if config.schedule == "cosine":
-        return WarmupCosineDecay(config.scaled_learning_rate, config.total_steps(steps_per_epoch),
-                                 config.to_steps(config.warmup, steps_per_epoch), config.scaled_warmup_learning_rate)
+        return WarmupCosineDecay(
+            config.scaled_learning_rate,
+            config.total_steps(steps_per_epoch),
+            config.to_steps(config.warmup, steps_per_epoch),
+            config.scaled_warmup_learning_rate,
+        )
     return WarmupPiecewiseDecay(
         config.scaled_learning_rate,
         [config.to_steps(boundary, steps_per_epoch) for boundary in config.decay_boundaries],
@@ -235,8 +247,13 @@ class CoupledSGD(keras.optimizers.SGD):
             gradient = gradient + tensors.get(decay, weight.dtype) * weight
         momentum = self.momentums[self._get_variable_index(variable)]
         tf.raw_ops.ResourceApplyKerasMomentum(
-            var=weight.handle, accum=momentum.value.handle, lr=tensors.get("learning_rate", weight.dtype),
-            grad=gradient, momentum=tensors.get("momentum", weight.dtype), use_nesterov=self.nesterov)
+            var=weight.handle,
+            accum=momentum.value.handle,
+            lr=tensors.get("learning_rate", weight.dtype),
+            grad=gradient,
+            momentum=tensors.get("momentum", weight.dtype),
+            use_nesterov=self.nesterov,
+        )
 
 
 class _TensorsOnce:
@@ -321,8 +338,9 @@ def loss(label_smoothing=0.0, reduction="sum_over_batch_size"):
     smoothed one-hot targets. `reduction=None` gives each example's loss."""
     if not label_smoothing:
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
-    smoothed = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing,
-                                                    reduction=reduction)
+    smoothed = keras.losses.CategoricalCrossentropy(
+        from_logits=True, label_smoothing=label_smoothing, reduction=reduction
+    )
 
     def smoothed_cross_entropy(labels, logits):
         return smoothed(ops.one_hot(ops.cast(labels, "int32"), ops.shape(logits)[-1]), logits)

@@ -76,8 +76,9 @@ class GateBiasHyperModel(keras_tuner.HyperModel):
             the objective is the best of them, the final one for 1.
     """
 
-    def __init__(self, config, input_shape, classes, training_examples, gatings=GATINGS, rounds=1,
-                 gate_biases=GATE_BIASES):
+    def __init__(
+        self, config, input_shape, classes, training_examples, gatings=GATINGS, rounds=1, gate_biases=GATE_BIASES
+    ):
         super().__init__(name="gate_bias")
         for gating in gatings:
             if gating not in GATINGS:
@@ -103,8 +104,11 @@ class GateBiasHyperModel(keras_tuner.HyperModel):
         config = self.trial_config(hp)
         keras.utils.set_random_seed(config.seed)  # every trial starts from the same weights' seed
         model = recipe.training_model(config, self.input_shape, self.classes, seed=config.seed)
-        model.compile(recipe.optimizer(config, self.steps_per_epoch, model), recipe.loss(config.label_smoothing),
-                      metrics=[ClassificationError()])
+        model.compile(
+            recipe.optimizer(config, self.steps_per_epoch, model),
+            recipe.loss(config.label_smoothing),
+            metrics=[ClassificationError()],
+        )
         return model
 
     def fit(self, hp, model, training, validation, callbacks=None, verbose=1, trial_folder=None, **kwargs):
@@ -112,29 +116,44 @@ class GateBiasHyperModel(keras_tuner.HyperModel):
         it after each piece and, started again, goes on from its last backup; the objective
         is then the best of its rounds' validation errors, kept in the folder across restarts."""
         images, labels = training
-        batches = (tf.data.Dataset.from_tensor_slices((images, labels))
-                   .shuffle(len(labels), seed=self.config.seed, reshuffle_each_iteration=True)
-                   .repeat().batch(self.config.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+        batches = (
+            tf.data.Dataset.from_tensor_slices((images, labels))
+            .shuffle(len(labels), seed=self.config.seed, reshuffle_each_iteration=True)
+            .repeat()
+            .batch(self.config.batch_size, drop_remainder=True)
+            .prefetch(tf.data.AUTOTUNE)
+        )
         rounds = kwargs.get("epochs", self.rounds)
         steps = self.total_steps // self.rounds
         if trial_folder is None:
-            return model.fit(batches, validation_data=validation, epochs=rounds,
-                             initial_epoch=kwargs.get("initial_epoch", 0), steps_per_epoch=steps,
-                             callbacks=callbacks, verbose=verbose)
+            return model.fit(
+                batches,
+                validation_data=validation,
+                epochs=rounds,
+                initial_epoch=kwargs.get("initial_epoch", 0),
+                steps_per_epoch=steps,
+                callbacks=callbacks,
+                verbose=verbose,
+            )
         backup = os.path.join(trial_folder, "backup")
         errors = RoundErrors(os.path.join(trial_folder, "round_errors.json"), fresh=not os.path.isdir(backup))
-        model.fit(batches, validation_data=validation, validation_freq=self.pieces, epochs=rounds * self.pieces,
-                  steps_per_epoch=steps // self.pieces, verbose=verbose,
-                  # The round's error is kept before the backup that would skip its piece.
-                  callbacks=[*(callbacks or []), errors, keras.callbacks.BackupAndRestore(backup, double_checkpoint=True)])
+        model.fit(
+            batches,
+            validation_data=validation,
+            validation_freq=self.pieces,
+            epochs=rounds * self.pieces,
+            steps_per_epoch=steps // self.pieces,
+            verbose=verbose,
+            # The round's error is kept before the backup that would skip its piece.
+            callbacks=[*(callbacks or []), errors, keras.callbacks.BackupAndRestore(backup, double_checkpoint=True)],
+        )
         return {OBJECTIVE: min(errors.errors)}
 
 
 def check_gate_biases(gate_biases):
     """Raises ValueError unless `gate_biases` are some of the paper's b_g values."""
     if not gate_biases or any(bias not in GATE_BIASES for bias in gate_biases):
-        raise ValueError(f"gate_biases must be some of the paper's {list(GATE_BIASES)}. "
-                         f"Received: {list(gate_biases)}")
+        raise ValueError(f"gate_biases must be some of the paper's {list(GATE_BIASES)}. Received: {list(gate_biases)}")
 
 
 class RoundErrors(keras.callbacks.Callback):
@@ -215,16 +234,29 @@ class RandomTuner(Checkpointed, keras_tuner.RandomSearch):
 # Hyperband's trials go on from earlier trials' weights: it trains them without backups.
 TUNERS = {
     "grid": lambda hypermodel, objective, trials, seed, **common: GridTuner(
-        GridOracle(objective, max_trials=trials, seed=seed), hypermodel, **common),
+        GridOracle(objective, max_trials=trials, seed=seed), hypermodel, **common
+    ),
     "random": lambda hypermodel, objective, trials, seed, **common: RandomTuner(
-        hypermodel, objective, max_trials=trials, seed=seed, **common),
+        hypermodel, objective, max_trials=trials, seed=seed, **common
+    ),
     "hyperband": lambda hypermodel, objective, trials, seed, **common: keras_tuner.Hyperband(
-        hypermodel, objective, max_epochs=hypermodel.rounds, seed=seed, **common),
+        hypermodel, objective, max_epochs=hypermodel.rounds, seed=seed, **common
+    ),
 }
 
 
-def search(config, output, gatings=GATINGS, tuner="grid", trials=None, validation_examples=DEFAULT_VALIDATION_EXAMPLES,
-           rounds=1, retrain=True, verbose=1, gate_biases=GATE_BIASES):
+def search(
+    config,
+    output,
+    gatings=GATINGS,
+    tuner="grid",
+    trials=None,
+    validation_examples=DEFAULT_VALIDATION_EXAMPLES,
+    rounds=1,
+    retrain=True,
+    verbose=1,
+    gate_biases=GATE_BIASES,
+):
     """Runs (or resumes) the search in `output`; writes its table and plot.
 
     Args:
@@ -255,15 +287,21 @@ def search(config, output, gatings=GATINGS, tuner="grid", trials=None, validatio
     images, labels = in_memory(dataset.train)
     training = images[training_indices], labels[training_indices]
     validation = images[validation_indices], labels[validation_indices]
-    hypermodel = GateBiasHyperModel(config, dataset.image_shape, len(dataset.class_names), len(training_indices),
-                                    gatings, rounds, gate_biases)
+    hypermodel = GateBiasHyperModel(
+        config, dataset.image_shape, len(dataset.class_names), len(training_indices), gatings, rounds, gate_biases
+    )
     strategy = None if config.strategy == "default" else engines.make_strategy(config)
     if strategy and verbose:
         print(f"Each trial runs under {type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas.")
     searcher = TUNERS[tuner](
-        hypermodel, keras_tuner.Objective(OBJECTIVE, "min"), trials or len(gatings) * len(hypermodel.gate_biases),
+        hypermodel,
+        keras_tuner.Objective(OBJECTIVE, "min"),
+        trials or len(gatings) * len(hypermodel.gate_biases),
         config.seed,
-        directory=output, project_name=f"gate_bias_{config.model}", overwrite=False, distribution_strategy=strategy,
+        directory=output,
+        project_name=f"gate_bias_{config.model}",
+        overwrite=False,
+        distribution_strategy=strategy,
     )
     if tuner != "hyperband":  # a resumed search keeps its saved limit unless told another
         searcher.oracle.max_trials = trials or len(gatings) * len(hypermodel.gate_biases)
@@ -273,10 +311,13 @@ def search(config, output, gatings=GATINGS, tuner="grid", trials=None, validatio
         raise ConnectionError(
             f"The chief at {os.environ[ORACLE_HOST]}:{os.environ[ORACLE_PORT]} stopped answering ({error.code().name}): "
             f"start it again with its command, then this worker with the same --worker-id "
-            f"{os.environ[TUNER_ID]}; it goes on from its trial's last backup.") from None
+            f"{os.environ[TUNER_ID]}; it goes on from its trial's last backup."
+        ) from None
     if role() == "worker":
-        print(f"Worker {os.environ[TUNER_ID]}: the search has no trial left for it; the chief writes the results "
-              f"to {output}.")
+        print(
+            f"Worker {os.environ[TUNER_ID]}: the search has no trial left for it; the chief writes the results "
+            f"to {output}."
+        )
         return dict(results=None, best=None, test_error=None)
     results = trial_results(searcher)
     best = min(results, key=lambda result: result[2])[:2] if results else None
@@ -291,7 +332,7 @@ def search(config, output, gatings=GATINGS, tuner="grid", trials=None, validatio
 
 
 def role():
-    """"chief" or "worker" in keras-tuner's distributed mode (its environment variables set),
+    """ "chief" or "worker" in keras-tuner's distributed mode (its environment variables set),
     else None."""
     if ORACLE_HOST not in os.environ:
         return None
@@ -314,16 +355,20 @@ def distribute(chief=None, worker=None, worker_id=None):
     if not (chief or worker):
         partial = [name for name in (ORACLE_HOST, ORACLE_PORT, TUNER_ID) if name in os.environ]
         if partial and len(partial) < 3:
-            raise ValueError(f"keras-tuner's distributed mode needs {ORACLE_HOST}, {ORACLE_PORT} and {TUNER_ID}. "
-                             f"Received: only {', '.join(partial)}")
+            raise ValueError(
+                f"keras-tuner's distributed mode needs {ORACLE_HOST}, {ORACLE_PORT} and {TUNER_ID}. "
+                f"Received: only {', '.join(partial)}"
+            )
         return
     address = chief or worker
     host, separator, port = address.rpartition(":")
     if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"The chief's address must be host:port, the port 1-65535. Received: {address!r}")
     if worker and (not worker_id or "chief" in worker_id):
-        raise ValueError("A worker needs --worker-id, a name of its own without \"chief\" in it, the same each "
-                         f"time it starts. Received: --worker-id {worker_id!r}")
+        raise ValueError(
+            'A worker needs --worker-id, a name of its own without "chief" in it, the same each '
+            f"time it starts. Received: --worker-id {worker_id!r}"
+        )
     os.environ.update({ORACLE_HOST: host, ORACLE_PORT: port, TUNER_ID: "chief" if chief else worker_id})
 
 
@@ -332,19 +377,28 @@ def trial_results(searcher):
     results = []
     for trial in searcher.oracle.trials.values():
         if trial.status == "COMPLETED" and trial.score is not None:
-            results.append((trial.hyperparameters.get("gating"), int(trial.hyperparameters.get("gate_bias")),
-                            100 * float(trial.score)))
+            results.append(
+                (
+                    trial.hyperparameters.get("gating"),
+                    int(trial.hyperparameters.get("gate_bias")),
+                    100 * float(trial.score),
+                )
+            )
     return sorted(results, key=lambda result: (GATINGS.index(result[0]), -result[1]))
 
 
 def write_results(output, config, results, best, test_error, training_examples, validation_examples):
     gatings = [gating for gating in GATINGS if any(result[0] == gating for result in results)]
     scores = {(gating, bias): error for gating, bias, error in results}
-    lines = [f"# Gate bias b_g: {config.model} on {config.dataset}", "",
-             f"Validation error (%) on {validation_examples} images held out of the training set, after training "
-             f"on the other {training_examples} for {config.duration:g} {config.schedule_unit}. The paper's "
-             "figures are test errors of ResNet-110 on CIFAR-10 after its whole recipe (Table 1); \"fail\": above "
-             "20 %.", ""]
+    lines = [
+        f"# Gate bias b_g: {config.model} on {config.dataset}",
+        "",
+        f"Validation error (%) on {validation_examples} images held out of the training set, after training "
+        f"on the other {training_examples} for {config.duration:g} {config.schedule_unit}. The paper's "
+        'figures are test errors of ResNet-110 on CIFAR-10 after its whole recipe (Table 1); "fail": above '
+        "20 %.",
+        "",
+    ]
     header = ["b_g"] + [f"{gating.replace('_', ' ')}: {kind}" for gating in gatings for kind in ("ours", "paper")]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     rows = []
@@ -354,12 +408,21 @@ def write_results(output, config, results, best, test_error, training_examples, 
             error, paper = scores.get((gating, bias)), PAPER[gating].get(bias)
             cells += ["-" if error is None else f"{error:.2f}", "-" if paper is None else str(paper)]
             if error is not None:
-                rows.append(dict(gating=gating, gate_bias=bias, validation_error=round(error, 4),
-                                 paper_test_error="" if paper is None else paper))
+                rows.append(
+                    dict(
+                        gating=gating,
+                        gate_bias=bias,
+                        validation_error=round(error, 4),
+                        paper_test_error="" if paper is None else paper,
+                    )
+                )
         lines.append("| " + " | ".join(cells) + " |")
     if best:
-        lines += ["", f"Best: {best[0].replace('_', ' ')} at b_g = {best[1]}" + (
-            "" if test_error is None else f"; trained on the whole training set, test error {test_error:.2f} %.")]
+        lines += [
+            "",
+            f"Best: {best[0].replace('_', ' ')} at b_g = {best[1]}"
+            + ("" if test_error is None else f"; trained on the whole training set, test error {test_error:.2f} %."),
+        ]
     with open(os.path.join(output, "gate_bias.md"), "w") as file:
         file.write("\n".join(lines) + "\n")
     with open(os.path.join(output, "gate_bias.csv"), "w", newline="") as file:
@@ -384,14 +447,25 @@ def plot(results, png_path, config):
         if ours:
             axis.plot(*zip(*ours), "-o", color=color, label=f"{gating.replace('_', ' ')} (ours, validation)")
         paper = [(bias, value) for bias, value in PAPER[gating].items() if value != FAIL]
-        axis.plot(*zip(*paper), "s", markerfacecolor="none", color=color, markersize=9,
-                  label=f"{gating.replace('_', ' ')} (paper, test)")
+        axis.plot(
+            *zip(*paper),
+            "s",
+            markerfacecolor="none",
+            color=color,
+            markersize=9,
+            label=f"{gating.replace('_', ' ')} (paper, test)",
+        )
         failed = [bias for bias, value in PAPER[gating].items() if value == FAIL]
         if failed:
             axis.plot(failed, [20.5] * len(failed), "x", color=color, label="paper: fail (> 20 %)")
     axis.axhline(20, color="grey", linewidth=0.6, linestyle=":")
-    axis.set(xlabel="gate bias b_g", ylabel="error (%)", title=f"Gate bias search, {config.model} on {config.dataset}",
-             xticks=list(GATE_BIASES), ylim=(0, None))
+    axis.set(
+        xlabel="gate bias b_g",
+        ylabel="error (%)",
+        title=f"Gate bias search, {config.model} on {config.dataset}",
+        xticks=list(GATE_BIASES),
+        ylim=(0, None),
+    )
     axis.invert_xaxis()
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)

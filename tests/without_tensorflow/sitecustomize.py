@@ -22,5 +22,6 @@ class WithoutTensorFlow:
         importlib.machinery.PathFinder.invalidate_caches()
 
 
-sys.meta_path[:] = [WithoutTensorFlow if finder is importlib.machinery.PathFinder else finder
-                    for finder in sys.meta_path]
+sys.meta_path[:] = [
+    WithoutTensorFlow if finder is importlib.machinery.PathFinder else finder for finder in sys.meta_path
+]

@@ -81,9 +81,11 @@ class ServingAPI:
         routes = []
         for version in ("", "/versions/{version:model_version}"):
             base = "/v1/models/{name:model_name}" + version
-            routes += [Route(base + ":predict", self.predict, methods=["POST"]),
-                       Route(base + "/metadata", self.metadata, methods=["GET"]),
-                       Route(base, self.status, methods=["GET"])]
+            routes += [
+                Route(base + ":predict", self.predict, methods=["POST"]),
+                Route(base + "/metadata", self.metadata, methods=["GET"]),
+                Route(base, self.status, methods=["GET"]),
+            ]
         return routes
 
     def served(self, request):
@@ -103,8 +105,11 @@ class ServingAPI:
         model = self.served(request)
         body = await read_body(request)
         if self.in_flight >= self.max_in_flight:
-            raise BadRequest(f"The server is busy: {self.max_in_flight} requests are in flight (--max-in-flight). "
-                             f"Retry after {RETRY_AFTER_SECONDS} s.", 503)
+            raise BadRequest(
+                f"The server is busy: {self.max_in_flight} requests are in flight (--max-in-flight). "
+                f"Retry after {RETRY_AFTER_SECONDS} s.",
+                503,
+            )
         self.in_flight += 1
         try:
             loop = asyncio.get_running_loop()
@@ -121,8 +126,7 @@ async def read_body(request):
     already checked its framing: a valid Content-Length or chunked encoding)."""
     length = request.headers.get("content-length")
     if length is not None and int(length) > MAX_BODY_BYTES:
-        raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes. Received: "
-                         f"{length[:20]}", 413)
+        raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes. Received: {length[:20]}", 413)
     chunks, size = [], 0
     async for chunk in request.stream():
         chunks.append(chunk)
@@ -133,9 +137,11 @@ async def read_body(request):
 
 
 def not_found(request):
-    return BadRequest(f"No such resource: {request.method} {request.url.path[:200]}. This server serves "
-                      f"/v1/models/{request.app.state.model_name} (GET), .../metadata (GET) and ...:predict (POST).",
-                      404)
+    return BadRequest(
+        f"No such resource: {request.method} {request.url.path[:200]}. This server serves "
+        f"/v1/models/{request.app.state.model_name} (GET), .../metadata (GET) and ...:predict (POST).",
+        404,
+    )
 
 
 def error(status, message, headers=None):
@@ -144,15 +150,19 @@ def error(status, message, headers=None):
 
 
 async def bad_request(request, exception):
-    return error(exception.status, str(exception),
-                 {"Retry-After": str(RETRY_AFTER_SECONDS)} if exception.status == 503 else None)
+    return error(
+        exception.status, str(exception), {"Retry-After": str(RETRY_AFTER_SECONDS)} if exception.status == 503 else None
+    )
 
 
 async def routing_error(request, exception):
     if exception.status_code == 405:
         allowed = exception.headers["Allow"]
-        return error(405, f"Method {request.method} is not allowed for {request.url.path[:200]}: use {allowed}.",
-                     {"Allow": allowed})
+        return error(
+            405,
+            f"Method {request.method} is not allowed for {request.url.path[:200]}: use {allowed}.",
+            {"Allow": allowed},
+        )
     if exception.status_code == 404:
         return await bad_request(request, not_found(request))
     return error(exception.status_code, exception.detail)
@@ -231,9 +241,15 @@ def refusal(scope, headers):
 def application(model, connections, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True):
     """The Starlette application serving `model`, guarding `connections` (`connections.Connections`)."""
     api = ServingAPI(model, max_in_flight, batching)
-    app = Starlette(routes=api.routes(), exception_handlers={
-        BadRequest: bad_request, HTTPException: routing_error, ClientDisconnect: client_left,
-        Exception: server_error})
+    app = Starlette(
+        routes=api.routes(),
+        exception_handlers={
+            BadRequest: bad_request,
+            HTTPException: routing_error,
+            ClientDisconnect: client_left,
+            Exception: server_error,
+        },
+    )
     app.state.model_name = model.name
     app.state.api = api
     return ConnectionGuard(app, connections)

@@ -58,8 +58,11 @@ class Batcher:
             first = waiting[0][0]
             instances, pixels = len(first), first.pixels
             for index, (parsed, _) in enumerate(waiting[1:], start=1):
-                if (parsed.signature == first.signature and instances + len(parsed) <= self.model.max_batch
-                        and pixels + parsed.pixels <= MAX_REQUEST_PIXELS):
+                if (
+                    parsed.signature == first.signature
+                    and instances + len(parsed) <= self.model.max_batch
+                    and pixels + parsed.pixels <= MAX_REQUEST_PIXELS
+                ):
                     chosen.append(index)
                     instances, pixels = instances + len(parsed), pixels + parsed.pixels
         taken = set(chosen)
@@ -69,7 +72,8 @@ class Batcher:
     async def run(self, batch):
         try:
             results = await asyncio.get_running_loop().run_in_executor(
-                self.pool, self.model.infer, [parsed for parsed, _ in batch])
+                self.pool, self.model.infer, [parsed for parsed, _ in batch]
+            )
             if len(results) != len(batch):
                 raise RuntimeError(f"The network answered {len(results)} of the batch's {len(batch)} requests.")
             for (_, future), result in zip(batch, results):

@@ -43,8 +43,10 @@ WAITING, READING, ANSWERING = "waiting", "reading", "answering"
 def error_response(status, message):
     """TF Serving's JSON error as raw HTTP/1.1 bytes, closing the connection."""
     body = json.dumps({"error": message}).encode()
-    head = (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n")
+    head = (
+        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n"
+    )
     if status == 503:
         head += f"retry-after: {RETRY_AFTER_SECONDS}\r\n"
     return (head + "\r\n").encode() + body
@@ -56,8 +58,11 @@ def refused_head(received):
         return error_response(414, f"The request line is too long: at most {MAX_HEAD_BYTES} bytes with the headers.")
     if len(received) >= MAX_HEAD_BYTES:
         return error_response(431, f"The request's headers are too large: at most {MAX_HEAD_BYTES} bytes.")
-    return error_response(400, "Invalid HTTP request: it does not follow HTTP/1.1 (RFC 9112), for example a "
-                               "malformed request line or header, or a Content-Length that is not a number of bytes.")
+    return error_response(
+        400,
+        "Invalid HTTP request: it does not follow HTTP/1.1 (RFC 9112), for example a "
+        "malformed request line or header, or a Content-Length that is not a number of bytes.",
+    )
 
 
 class Connections:
@@ -92,8 +97,13 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport):
         self.transport = transport
         if len(self.connections.open) >= self.connections.limit:
-            transport.write(error_response(503, f"The server is busy: {self.connections.limit} connections are "
-                                                f"open. Retry after {RETRY_AFTER_SECONDS} s."))
+            transport.write(
+                error_response(
+                    503,
+                    f"The server is busy: {self.connections.limit} connections are "
+                    f"open. Retry after {RETRY_AFTER_SECONDS} s.",
+                )
+            )
             transport.close()
             return
         self.client = tuple(transport.get_extra_info("peername")[:2])
@@ -106,7 +116,7 @@ class Connection(asyncio.Protocol):
         if self.inner is None:  # refused: closing
             return
         if self.state == WAITING and len(self.received) <= MAX_HEAD_BYTES:
-            self.received += data[:MAX_HEAD_BYTES + 1 - len(self.received)]
+            self.received += data[: MAX_HEAD_BYTES + 1 - len(self.received)]
         self.inner.data_received(data)
 
     def eof_received(self):
@@ -162,8 +172,12 @@ class Connection(asyncio.Protocol):
         if self.state == WAITING and not self.received:
             self.transport.close()  # an idle connection: nothing to answer
             return
-        self.transport.write(error_response(408, f"The request did not arrive whole within "
-                                                 f"{self.connections.request_timeout:g} s (--request-timeout)."))
+        self.transport.write(
+            error_response(
+                408,
+                f"The request did not arrive whole within {self.connections.request_timeout:g} s (--request-timeout).",
+            )
+        )
         self.transport.close()
 
 
@@ -184,4 +198,3 @@ class Transport:
 
     def __getattr__(self, name):
         return getattr(self._transport, name)
-

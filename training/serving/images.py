@@ -86,8 +86,9 @@ def png_grey(image):
     """A colour PNG as grey, as libpng computes it for TensorFlow (`png_set_rgb_to_gray`
     with the weights 0.299 and 0.587): in 15-bit fixed point, truncated."""
     rgb = np.asarray(image.convert("RGB")).astype(np.uint32)
-    grey = (PNG_GREY_WEIGHTS[0] * rgb[..., 0] + PNG_GREY_WEIGHTS[1] * rgb[..., 1]
-            + PNG_GREY_WEIGHTS[2] * rgb[..., 2]) >> 15
+    grey = (
+        PNG_GREY_WEIGHTS[0] * rgb[..., 0] + PNG_GREY_WEIGHTS[1] * rgb[..., 1] + PNG_GREY_WEIGHTS[2] * rgb[..., 2]
+    ) >> 15
     return grey.astype(np.uint8)[..., None]
 
 
@@ -129,7 +130,7 @@ def crop(pixels, preprocessing):
     new_height, new_width = (int(np.round(np.float32(side) * scale)) for side in (height, width))
     resized = resize_bilinear(pixels, new_height, new_width)
     top, left = max(new_height - size, 0) // 2, max(new_width - size, 0) // 2
-    return resized[top:top + size, left:left + size]
+    return resized[top : top + size, left : left + size]
 
 
 def preprocess(encoded_images, preprocessing):
@@ -149,5 +150,5 @@ def preprocess(encoded_images, preprocessing):
     if failures:
         raise ValueError("; ".join(failures))
     mean = np.array(preprocessing.normalization_mean, np.float32)
-    deviation = np.sqrt(np.array([std ** 2 for std in preprocessing.normalization_std], np.float32))
+    deviation = np.sqrt(np.array([std**2 for std in preprocessing.normalization_std], np.float32))
     return (np.stack(pixels) - mean) / np.maximum(deviation, np.float32(1e-7))

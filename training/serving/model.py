@@ -45,34 +45,56 @@ class ModelServer:
             self.preprocessing = contract.Preprocessing.from_metadata(self.metadata)
             self.top_k = int(self.metadata["top_k"])
         except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"{metadata_path} does not describe the model's input and top_k "
-                             f"({type(error).__name__}: {error}): export the model again.") from None
+            raise ValueError(
+                f"{metadata_path} does not describe the model's input and top_k "
+                f"({type(error).__name__}: {error}): export the model again."
+            ) from None
         module, name = RUNTIMES[runtime].split(":")
         runtime_class = getattr(importlib.import_module(f"{__package__}.{module}"), name)
         self.runtime = runtime_class(self.path, self.metadata, self.preprocessing, self.class_names, self.top_k)
 
     def status(self):
-        return {"model_version_status": [
-            {"version": str(self.version), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
-        ]}
+        return {
+            "model_version_status": [
+                {
+                    "version": str(self.version),
+                    "state": "AVAILABLE",
+                    "status": {"error_code": "OK", "error_message": ""},
+                }
+            ]
+        }
 
     def describe(self):
         """TF Serving's metadata answer: every signature's inputs and outputs, and metadata.json."""
-        outputs = {name: tensor_info(name, dtype, shape)
-                   for name, (dtype, shape) in contract.output_shapes(len(self.class_names), self.top_k).items()}
+        outputs = {
+            name: tensor_info(name, dtype, shape)
+            for name, (dtype, shape) in contract.output_shapes(len(self.class_names), self.top_k).items()
+        }
         signature_def = {
-            name: {"inputs": {signature.key: tensor_info(signature.key, signature.dtype,
-                                                         signature.shape(self.preprocessing.shape))},
-                   "outputs": outputs, "method_name": "tensorflow/serving/predict"}
-            for name, signature in contract.SIGNATURES.items()}
-        return {"model_spec": {"name": self.name, "signature_name": "", "version": str(self.version)},
-                "metadata": {"signature_def": {"signature_def": signature_def}, "keras_preact": self.metadata}}
+            name: {
+                "inputs": {
+                    signature.key: tensor_info(
+                        signature.key, signature.dtype, signature.shape(self.preprocessing.shape)
+                    )
+                },
+                "outputs": outputs,
+                "method_name": "tensorflow/serving/predict",
+            }
+            for name, signature in contract.SIGNATURES.items()
+        }
+        return {
+            "model_spec": {"name": self.name, "signature_name": "", "version": str(self.version)},
+            "metadata": {"signature_def": {"signature_def": signature_def}, "keras_preact": self.metadata},
+        }
 
     def check_version(self, version):
         # Compared as text: a 5,000-digit version is no int Python parses by default.
         if version is not None and version.lstrip("0") != str(self.version):
-            raise BadRequest(f"Servable not found for request: Specific({self.name}, {version}); this server "
-                             f"serves version {self.version}.", status=404)
+            raise BadRequest(
+                f"Servable not found for request: Specific({self.name}, {version}); this server "
+                f"serves version {self.version}.",
+                status=404,
+            )
 
     def parse(self, body):
         """A `:predict` request body (bytes) read into a `requests.Parsed` (or a BadRequest)."""
@@ -92,8 +114,10 @@ class ModelServer:
             except BadRequest:  # one request's images do not decode: each alone says whose
                 return [self.infer([parsed])[0] for parsed in batch]
             ends = np.cumsum([len(parsed) for parsed in batch])
-            return [{output: value[end - len(parsed):end] for output, value in outputs.items()}
-                    for parsed, end in zip(batch, ends)]
+            return [
+                {output: value[end - len(parsed) : end] for output, value in outputs.items()}
+                for parsed, end in zip(batch, ends)
+            ]
         try:
             return [self.runtime(batch[0].signature, batch[0].values)]
         except BadRequest as error:
@@ -109,9 +133,11 @@ def served_name(directory):
     """
     name = os.path.basename(os.path.normpath(directory))
     if not contract.MODEL_NAME.fullmatch(name):
-        raise ValueError(f"The model folder's name {name!r} cannot be served: TF Serving's URLs "
-                         "(/v1/models/<name>:predict) need a name of letters, digits, '_', '-' and '.', not starting "
-                         f"with '.'. Rename the folder. Received: {directory!r}")
+        raise ValueError(
+            f"The model folder's name {name!r} cannot be served: TF Serving's URLs "
+            "(/v1/models/<name>:predict) need a name of letters, digits, '_', '-' and '.', not starting "
+            f"with '.'. Rename the folder. Received: {directory!r}"
+        )
     return name
 
 
@@ -119,8 +145,10 @@ def checked_class_names(metadata, metadata_path):
     """metadata.json's class names, or a ValueError naming `metadata_path` where they are missing."""
     names = metadata.get("class_names")
     if not isinstance(names, list) or not names or not all(isinstance(name, str) for name in names):
-        raise ValueError(f"{metadata_path} has no list of class names ('class_names'): export the model again. "
-                         f"Received: class_names={json.dumps(names)[:80]}")
+        raise ValueError(
+            f"{metadata_path} has no list of class names ('class_names'): export the model again. "
+            f"Received: class_names={json.dumps(names)[:80]}"
+        )
     return names
 
 

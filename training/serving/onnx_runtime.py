@@ -51,26 +51,35 @@ class OnnxRuntime:
             if missing:
                 raise KeyError(f"onnx.files.{missing[0]}")
         except (KeyError, TypeError, AttributeError) as error:
-            raise ValueError(f"{metadata_path} does not describe the ONNX models ({type(error).__name__}: {error}): "
-                             "export the model again with --format onnx (or all).") from None
+            raise ValueError(
+                f"{metadata_path} does not describe the ONNX models ({type(error).__name__}: {error}): "
+                "export the model again with --format onnx (or all)."
+            ) from None
         self.sessions = {}
         for signature in contract.ONNX_MODELS:
             file = os.path.join(path, files[signature])
             if signature in digests and os.path.isfile(file) and sha256(file) != digests[signature]:
-                raise ValueError(f"The ONNX model {file} is not the one exported with {metadata_path}: its SHA-256 "
-                                 f"differs from the recorded {digests[signature][:16]}... (replaced, truncated or "
-                                 "altered). Export the model again.")
+                raise ValueError(
+                    f"The ONNX model {file} is not the one exported with {metadata_path}: its SHA-256 "
+                    f"differs from the recorded {digests[signature][:16]}... (replaced, truncated or "
+                    "altered). Export the model again."
+                )
             try:
                 session = onnxruntime.InferenceSession(file, providers=["CPUExecutionProvider"])
             except Exception as error:  # noqa: BLE001  (onnxruntime reports a missing or damaged file as many kinds)
                 reason = " ".join(str(error).split())[:200]
-                raise ValueError(f"Could not load the ONNX model {file} (missing, empty, truncated or corrupt: "
-                                 f"export it again): {type(error).__name__}: {reason}") from None
+                raise ValueError(
+                    f"Could not load the ONNX model {file} (missing, empty, truncated or corrupt: "
+                    f"export it again): {type(error).__name__}: {reason}"
+                ) from None
             check_session(session, file, contract.SIGNATURES[signature], preprocessing.shape, len(class_names))
             self.sessions[signature] = session
         if not digests:
-            warnings.warn(f"{metadata_path} records no SHA-256 of the ONNX models (exported by an older "
-                          "keras-preact): they were checked by their inputs and outputs only.", stacklevel=2)
+            warnings.warn(
+                f"{metadata_path} records no SHA-256 of the ONNX models (exported by an older "
+                "keras-preact): they were checked by their inputs and outputs only.",
+                stacklevel=2,
+            )
         self.preprocessing, self.top_k = preprocessing, top_k
         self.class_names = np.array([name.encode() for name in class_names], dtype=object)
 
@@ -87,16 +96,22 @@ class OnnxRuntime:
             except ValueError as error:
                 raise BadRequest(f"{UNDECODABLE}{error}") from None
         session = self.sessions[signature.onnx_model]
-        outputs = dict(zip(contract.ONNX_OUTPUTS, session.run(list(contract.ONNX_OUTPUTS),
-                                                              {session.get_inputs()[0].name: np.asarray(values)})))
-        ranked = np.argsort(-outputs["probabilities"], axis=-1, kind="stable")[:, :self.top_k]
-        return dict(outputs, classes=self.class_names[ranked],
-                    scores=np.take_along_axis(outputs["probabilities"], ranked, -1))
+        outputs = dict(
+            zip(
+                contract.ONNX_OUTPUTS,
+                session.run(list(contract.ONNX_OUTPUTS), {session.get_inputs()[0].name: np.asarray(values)}),
+            )
+        )
+        ranked = np.argsort(-outputs["probabilities"], axis=-1, kind="stable")[:, : self.top_k]
+        return dict(
+            outputs, classes=self.class_names[ranked], scores=np.take_along_axis(outputs["probabilities"], ranked, -1)
+        )
 
 
 def check_session(session, file, signature, image_shape, classes):
     """Raises a ValueError naming `file` where its model is not the signature's: another input
     (the two files swapped), another image shape, or other outputs or classes (another model)."""
+
     def dimensions(tensor):  # a named dynamic dimension ('unk__181', 'batch') as None
         return [size if isinstance(size, int) else None for size in tensor.shape]
 
@@ -104,11 +119,15 @@ def check_session(session, file, signature, image_shape, classes):
     received = [(tensor.name, tensor.type, dimensions(tensor)) for tensor in inputs]
     expected = [(signature.key, contract.ONNX_TYPES[signature.dtype], list(signature.shape(image_shape)))]
     if received != expected:
-        raise ValueError(f"The ONNX model {file} takes {received}, where its signature takes {expected}: the file "
-                         "belongs to another signature or model. Export the model again.")
+        raise ValueError(
+            f"The ONNX model {file} takes {received}, where its signature takes {expected}: the file "
+            "belongs to another signature or model. Export the model again."
+        )
     logits = outputs.get("logits")
     if sorted(outputs) != sorted(contract.ONNX_OUTPUTS) or logits is None or logits.shape[-1] != classes:
         found = {name: dimensions(outputs[name]) for name in sorted(outputs)}
-        raise ValueError(f"The ONNX model {file} answers {found}, where metadata.json's {classes} classes need "
-                         f"{list(contract.ONNX_OUTPUTS)} with {classes} logits: the file belongs to another model. "
-                         "Export the model again.")
+        raise ValueError(
+            f"The ONNX model {file} answers {found}, where metadata.json's {classes} classes need "
+            f"{list(contract.ONNX_OUTPUTS)} with {classes} logits: the file belongs to another model. "
+            "Export the model again."
+        )

@@ -86,8 +86,11 @@ def parse(body, signatures, image_shape, max_batch):
     limit = max_separators(max_batch, image_shape)
     separators = count_separators(body, limit)
     if separators > limit:
-        raise BadRequest(f"The request holds too many values: {separators + 1:,} or more, where {max_batch} "
-                         f"instances (--max-batch) of this model's largest input hold at most {limit:,}.", 413)
+        raise BadRequest(
+            f"The request holds too many values: {separators + 1:,} or more, where {max_batch} "
+            f"instances (--max-batch) of this model's largest input hold at most {limit:,}.",
+            413,
+        )
     try:
         request = json.loads(body)
     except (UnicodeDecodeError, ValueError) as error:  # ValueError: JSON errors, numbers of over 4,300 digits
@@ -98,12 +101,15 @@ def parse(body, signatures, image_shape, max_batch):
         raise BadRequest(f"The request must be a JSON object. Received: {type(request).__name__}")
     name = request.get("signature_name", "serving_default")
     if not isinstance(name, str) or name not in signatures:
-        raise BadRequest(f"Unknown signature_name. Choose one of {sorted(signatures)}. "
-                         f"Received: {json.dumps(name)[:80]}")
+        raise BadRequest(
+            f"Unknown signature_name. Choose one of {sorted(signatures)}. Received: {json.dumps(name)[:80]}"
+        )
     unknown = sorted(set(request) - {"signature_name", "instances", "inputs"})
     if unknown or ("instances" in request) == ("inputs" in request):
-        raise BadRequest("The request needs exactly one of 'instances' (row format) or 'inputs' (columnar), "
-                         f"and optionally 'signature_name'. Received keys: {sorted(request)}")
+        raise BadRequest(
+            "The request needs exactly one of 'instances' (row format) or 'inputs' (columnar), "
+            f"and optionally 'signature_name'. Received keys: {sorted(request)}"
+        )
     signature = signatures[name]
     key, row_format = signature.key, "instances" in request
     values = request["instances"] if row_format else request["inputs"]
@@ -121,18 +127,22 @@ def to_values(values, signature, shape, max_batch):
     of bytes for encoded images), or a BadRequest that says why not."""
     key = signature.key
     if not isinstance(values, list) or not values:
-        raise BadRequest(f"Input {key!r} must be a non-empty list, one entry per instance. "
-                         f"Received: {type(values).__name__}")
+        raise BadRequest(
+            f"Input {key!r} must be a non-empty list, one entry per instance. Received: {type(values).__name__}"
+        )
     if len(values) > max_batch:
-        raise BadRequest(f"Too many instances: this server takes at most {max_batch} per request "
-                         f"(--max-batch). Received: {len(values)}")
+        raise BadRequest(
+            f"Too many instances: this server takes at most {max_batch} per request "
+            f"(--max-batch). Received: {len(values)}"
+        )
     if signature.dtype == "string":
         return [binary(value, key, index) for index, value in enumerate(values)]
     try:
         array = np.asarray(values, dtype=np.float64)
     except (ValueError, TypeError):
-        raise BadRequest(f"Input {key!r} must be a rectangular array of numbers of shape "
-                         f"{shape_text(shape)}.") from None
+        raise BadRequest(
+            f"Input {key!r} must be a rectangular array of numbers of shape {shape_text(shape)}."
+        ) from None
     if array.ndim != len(shape) or any(want is not None and want != got for want, got in zip(shape, array.shape)):
         raise BadRequest(f"Input {key!r} must have shape {shape_text(shape)}. Received: shape {tuple(array.shape)}")
     if signature.dtype == "uint8" and (np.any(array < 0) or np.any(array > 255) or np.any(array != np.round(array))):
@@ -143,8 +153,9 @@ def to_values(values, signature, shape, max_batch):
     with np.errstate(over="ignore"):
         converted = array.astype(dtype)
     if not np.all(np.isfinite(converted)):
-        raise BadRequest(f"Input {key!r} holds a value too large for {signature.dtype} "
-                         f"(at most {np.finfo(dtype).max:.4g}).")
+        raise BadRequest(
+            f"Input {key!r} holds a value too large for {signature.dtype} (at most {np.finfo(dtype).max:.4g})."
+        )
     return converted
 
 
@@ -156,8 +167,10 @@ def binary(value, key, index):
             raise BadRequest(f"Instance {index} of {key!r}: invalid base64 ({error}).") from None
     if isinstance(value, str):
         return value.encode()
-    raise BadRequest(f"Instance {index} of {key!r} must be {{\"b64\": \"<base64 of the image file>\"}}. "
-                     f"Received: {json.dumps(value)[:80]}")
+    raise BadRequest(
+        f'Instance {index} of {key!r} must be {{"b64": "<base64 of the image file>"}}. '
+        f"Received: {json.dumps(value)[:80]}"
+    )
 
 
 def count_separators(body, limit):
@@ -190,19 +203,28 @@ def checked_images(images, key):
         except Image.DecompressionBombError as error:  # over 179 million pixels: refused by Pillow itself
             raise BadRequest(f"Instance {index} of {key!r} is too large: {error}", 413) from None
         except Image.UnidentifiedImageError:
-            raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): Unknown image file "
-                             "format") from None
+            raise BadRequest(
+                f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): Unknown image file format"
+            ) from None
         except (OSError, ValueError, SyntaxError, EOFError) as error:  # a header or frame Pillow cannot read
-            raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): "
-                             f"{(str(error).splitlines() or [type(error).__name__])[0][:120]}") from None
+            raise BadRequest(
+                f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): "
+                f"{(str(error).splitlines() or [type(error).__name__])[0][:120]}"
+            ) from None
         if width * height > MAX_IMAGE_PIXELS:
-            raise BadRequest(f"Instance {index} of {key!r} is too large: {width} x {height} pixels; this server "
-                             f"decodes at most {MAX_IMAGE_PIXELS:,} pixels an image.", 413)
+            raise BadRequest(
+                f"Instance {index} of {key!r} is too large: {width} x {height} pixels; this server "
+                f"decodes at most {MAX_IMAGE_PIXELS:,} pixels an image.",
+                413,
+            )
         total += width * height
         checked.append(encoded)
     if total > MAX_REQUEST_PIXELS:
-        raise BadRequest(f"The request's images are too large together: {total:,} pixels; this server decodes "
-                         f"at most {MAX_REQUEST_PIXELS:,} pixels a request.", 413)
+        raise BadRequest(
+            f"The request's images are too large together: {total:,} pixels; this server decodes "
+            f"at most {MAX_REQUEST_PIXELS:,} pixels a request.",
+            413,
+        )
     return checked, total
 
 
@@ -229,11 +251,19 @@ def answer(parsed, outputs):
     names as bytes); non-finite outputs are a BadRequest."""
     if isinstance(outputs, BadRequest):
         raise outputs
-    broken = sorted({int(row) for value in outputs.values() if value.dtype.kind == "f"
-                     for row in np.nonzero(~np.isfinite(value.reshape(len(value), -1)).all(axis=1))[0]})
+    broken = sorted(
+        {
+            int(row)
+            for value in outputs.values()
+            if value.dtype.kind == "f"
+            for row in np.nonzero(~np.isfinite(value.reshape(len(value), -1)).all(axis=1))[0]
+        }
+    )
     if broken:
-        raise BadRequest(f"The network's outputs are not finite (NaN or infinite) for instances {broken[:10]}: "
-                         "inputs far outside the range it was trained on.")
+        raise BadRequest(
+            f"The network's outputs are not finite (NaN or infinite) for instances {broken[:10]}: "
+            "inputs far outside the range it was trained on."
+        )
     outputs = {output: to_json(value) for output, value in outputs.items()}
     if not parsed.row_format:
         return {"outputs": outputs}

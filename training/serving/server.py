@@ -23,8 +23,17 @@ LISTEN_BACKLOG = 1024
 KEEP_ALIVE_SECONDS = 5
 
 
-def serve(directory, host="127.0.0.1", port=DEFAULT_PORT, max_batch=DEFAULT_MAX_BATCH, verbose=False,
-          max_in_flight=DEFAULT_MAX_IN_FLIGHT, request_timeout=DEFAULT_REQUEST_TIMEOUT, batching=True, runtime="auto"):
+def serve(
+    directory,
+    host="127.0.0.1",
+    port=DEFAULT_PORT,
+    max_batch=DEFAULT_MAX_BATCH,
+    verbose=False,
+    max_in_flight=DEFAULT_MAX_IN_FLIGHT,
+    request_timeout=DEFAULT_REQUEST_TIMEOUT,
+    batching=True,
+    runtime="auto",
+):
     """Serves the highest version of `directory` until interrupted (Ctrl-C or SIGTERM).
 
     `runtime` "auto" serves with onnxruntime where the highest version has ONNX models
@@ -34,18 +43,31 @@ def serve(directory, host="127.0.0.1", port=DEFAULT_PORT, max_batch=DEFAULT_MAX_
     if not isinstance(max_in_flight, int) or max_in_flight < 1:
         raise ValueError(f"max_in_flight must be a positive integer. Received: max_in_flight={max_in_flight!r}")
     if not isinstance(request_timeout, (int, float)) or not 0 < request_timeout < float("inf"):
-        raise ValueError(f"request_timeout must be a positive number of seconds. "
-                         f"Received: request_timeout={request_timeout!r}")
+        raise ValueError(
+            f"request_timeout must be a positive number of seconds. Received: request_timeout={request_timeout!r}"
+        )
     model = auto_model(directory, max_batch) if runtime == "auto" else ModelServer(directory, max_batch, runtime)
     listening = listening_socket(host, port)  # clients queue from here on, while uvicorn starts
     connections = Connections(request_timeout)
     config = uvicorn.Config(
-        application(model, connections, max_in_flight, batching), http=connections.protocol,
-        backlog=LISTEN_BACKLOG, timeout_keep_alive=KEEP_ALIVE_SECONDS, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
-        lifespan="off", loop="asyncio", proxy_headers=False, server_header=False,
-        log_level="info" if verbose else "error", access_log=verbose, timeout_graceful_shutdown=5)
-    print(f"Serving {model.name} version {model.version} ({model.path}, {model.runtime.name}) at "
-          f"http://{host}:{listening.getsockname()[1]}/v1/models/{model.name}", flush=True)
+        application(model, connections, max_in_flight, batching),
+        http=connections.protocol,
+        backlog=LISTEN_BACKLOG,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        lifespan="off",
+        loop="asyncio",
+        proxy_headers=False,
+        server_header=False,
+        log_level="info" if verbose else "error",
+        access_log=verbose,
+        timeout_graceful_shutdown=5,
+    )
+    print(
+        f"Serving {model.name} version {model.version} ({model.path}, {model.runtime.name}) at "
+        f"http://{host}:{listening.getsockname()[1]}/v1/models/{model.name}",
+        flush=True,
+    )
     uvicorn.Server(config).run(sockets=[listening])
 
 
@@ -54,15 +76,18 @@ def listening_socket(host, port):
     asyncio sets TCP_NODELAY on the connections it accepts only from a socket whose
     protocol says TCP, and without it Nagle's algorithm holds every kept-alive response
     after the first for a delayed ACK (about 40 ms)."""
-    listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
-                              socket.IPPROTO_TCP)
+    listening = socket.socket(
+        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+    )
     listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listening.bind((host, port))
     except OSError as error:
         listening.close()
-        raise ValueError(f"Cannot listen on {host}:{port}: {error.strerror or error} (is another server using "
-                         f"the port? choose another with --port). Received: port={port}") from error
+        raise ValueError(
+            f"Cannot listen on {host}:{port}: {error.strerror or error} (is another server using "
+            f"the port? choose another with --port). Received: port={port}"
+        ) from error
     listening.listen(LISTEN_BACKLOG)
     return listening
 
@@ -75,8 +100,11 @@ def auto_model(directory, max_batch=DEFAULT_MAX_BATCH):
         try:
             return ModelServer(directory, max_batch, "onnxruntime")
         except (ValueError, FileNotFoundError, ImportError) as error:
-            print(f"warning: serving the SavedModel with TensorFlow instead of the ONNX models: {error}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"warning: serving the SavedModel with TensorFlow instead of the ONNX models: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
     return ModelServer(directory, max_batch, "tensorflow")
 
 

@@ -30,8 +30,10 @@ class TensorFlowRuntime:
         try:
             self.loaded = tf.saved_model.load(path)
         except Exception as error:  # noqa: BLE001  (a damaged saved_model.pb or variables: DecodeError, OpError, ...)
-            raise ValueError(f"Could not load the SavedModel {path} (a truncated or corrupt saved_model.pb or "
-                             f"variables/: export it again): {type(error).__name__}: {str(error)[:300]}") from error
+            raise ValueError(
+                f"Could not load the SavedModel {path} (a truncated or corrupt saved_model.pb or "
+                f"variables/: export it again): {type(error).__name__}: {str(error)[:300]}"
+            ) from error
         self.functions = dict(self.loaded.signatures)
         check_signatures(self.functions, path, preprocessing.shape, len(class_names), top_k)
 
@@ -56,22 +58,31 @@ def check_signatures(functions, path, image_shape, classes, top_k):
     for name, signature in contract.SIGNATURES.items():
         function = functions.get(name)
         if function is None:
-            raise ValueError(f"The SavedModel {path} has no signature {name!r} (it has {sorted(functions)}): "
-                             "export it again with keras-preact.")
+            raise ValueError(
+                f"The SavedModel {path} has no signature {name!r} (it has {sorted(functions)}): "
+                "export it again with keras-preact."
+            )
         logits = function.structured_outputs["logits"].shape[-1] if "logits" in function.structured_outputs else None
         if logits != classes:
-            raise ValueError(f"{os.path.join(path, contract.METADATA_FILE)} names {classes} classes, but the signature "
-                             f"{name!r} has {logits} logits: the metadata belongs to another model. Export the model "
-                             "again.")
-        received = {key: (spec.dtype.name, tuple(spec.shape.as_list()))
-                    for key, spec in function.structured_input_signature[1].items()}
-        received_outputs = {key: (spec.dtype.name, tuple(spec.shape.as_list()))
-                            for key, spec in function.structured_outputs.items()}
+            raise ValueError(
+                f"{os.path.join(path, contract.METADATA_FILE)} names {classes} classes, but the signature "
+                f"{name!r} has {logits} logits: the metadata belongs to another model. Export the model "
+                "again."
+            )
+        received = {
+            key: (spec.dtype.name, tuple(spec.shape.as_list()))
+            for key, spec in function.structured_input_signature[1].items()
+        }
+        received_outputs = {
+            key: (spec.dtype.name, tuple(spec.shape.as_list())) for key, spec in function.structured_outputs.items()
+        }
         expected = {signature.key: (signature.dtype, signature.shape(image_shape))}
         if received != expected or received_outputs != outputs:
-            raise ValueError(f"The SavedModel {path}'s signature {name!r} takes {received} and answers "
-                             f"{received_outputs}, where metadata.json's model takes {expected} and answers "
-                             f"{outputs}: the metadata belongs to another model. Export the model again.")
+            raise ValueError(
+                f"The SavedModel {path}'s signature {name!r} takes {received} and answers "
+                f"{received_outputs}, where metadata.json's model takes {expected} and answers "
+                f"{outputs}: the metadata belongs to another model. Export the model again."
+            )
 
 
 def undecodable(images):

@@ -24,14 +24,14 @@ import urllib.request
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import keras_preact  # noqa: E402
-from keras_preact_training import configs, export  # noqa: E402
+import keras_preact
+from keras_preact_training import configs, export
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from training_throughput import machine  # noqa: E402
+from training_throughput import machine
 
 CIFAR = export.Preprocessing.of(configs.CONFIGS["cifar10_paper"], channels=3)
 CLASS_NAMES = [f"class_{index}" for index in range(10)]

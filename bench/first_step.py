@@ -23,6 +23,7 @@ the first call is where the step's tensors first take their memory.
 """
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -33,7 +34,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from harness import peak_resident_gibibytes  # noqa: E402  (bench/, the script's folder)
+from harness import peak_resident_gibibytes
 
 LAYOUTS = {"default": None, "separate": False, "loops": True}
 
@@ -62,7 +63,7 @@ def measure(name, layout, batch, steps):
 
     started = time.perf_counter()
     model.fit(dataset, epochs=1, verbose=0, callbacks=[StepEnds()])
-    later = [after - before for before, after in zip(ends, ends[1:])]
+    later = [after - before for before, after in itertools.pairwise(ends)]
     loops = any(isinstance(layer, keras_preact.StackedUnits) for layer in model.layers)
     return dict(
         model=name,
@@ -78,9 +79,9 @@ def measure(name, layout, batch, steps):
 
 def phases(name, layout, batch, steps, grappler):
     import tensorflow as tf
+    from harness import random_batch_training
 
     import keras_preact
-    from harness import random_batch_training
 
     if not grappler:
         tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})

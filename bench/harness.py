@@ -79,7 +79,7 @@ def forward_flops(model):
     for layer in model.layers:
         if isinstance(layer, keras_preact.StackedUnits):
             flops += layer.count * _graph_flops(
-                lambda inputs: layer.unit(inputs, training=False), layer.input.shape[1:]
+                lambda inputs, unit=layer.unit: unit(inputs, training=False), layer.input.shape[1:]
             )
     return flops
 

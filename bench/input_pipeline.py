@@ -21,10 +21,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's root
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-from harness import processor  # noqa: E402  bench/, the script's folder
+import numpy as np
+from harness import processor
 
-from keras_preact_training import configs, data, input_numpy  # noqa: E402
+from keras_preact_training import configs, data, input_numpy
 
 CASES = {
     "numpy": "NumPy and Pillow, decoded into memory",

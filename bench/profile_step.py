@@ -18,7 +18,7 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from harness import random_batch_training  # noqa: E402  (bench/, the script's folder)
+from harness import random_batch_training
 
 # Kinds of TensorFlow ops, by the op type names that the profiler reports.
 KINDS = {

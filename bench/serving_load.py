@@ -45,15 +45,16 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_serving import CIFAR, exported  # noqa: E402
+from export_serving import CIFAR, exported
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.test_serving_battery import animated_gif_bomb  # noqa: E402
-from training_throughput import machine  # noqa: E402
+from training_throughput import machine
+
+from tests.test_serving_battery import animated_gif_bomb
 
 HALF_OPEN_CONNECTIONS = 300
 # The targets of the onnxruntime server on an idle machine: seconds from process

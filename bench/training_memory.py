@@ -17,7 +17,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from harness import peak_resident_gibibytes, random_batch_training  # noqa: E402  (bench/, the script's folder)
+from harness import peak_resident_gibibytes, random_batch_training
 
 
 def measure(model_name, batch_size, rematerialize, steps):

@@ -20,12 +20,12 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import input_pipeline  # noqa: E402  bench/, the script's folder
-from harness import processor  # noqa: E402
+import input_pipeline
+import keras
+import tensorflow as tf
+from harness import processor
 
-from keras_preact_training import configs, engines, loop  # noqa: E402
+from keras_preact_training import configs, engines, loop
 
 
 def machine():

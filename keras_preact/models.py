@@ -7,9 +7,9 @@
 
 import functools
 import inspect
-from collections.abc import Callable
 import os
 import warnings
+from collections.abc import Callable
 
 import keras
 

@@ -330,7 +330,10 @@ def report(device_root, entries):
     alive = running(device_root)
     for name, _ in entries:
         log = os.path.join(device_root, "runs", name, "log.csv")
-        last = open(log).read().splitlines()[-1].split(",") if os.path.exists(log) else None
+        last = None
+        if os.path.exists(log):
+            with open(log) as file:
+                last = file.read().splitlines()[-1].split(",")
         state = "running" if name in alive else "stopped"
         if os.path.exists(os.path.join(device_root, "runs", name, "summary.json")):
             state = "finished"

@@ -72,7 +72,7 @@ def test_scaled_shortcuts_attenuate_by_lambda_to_the_number_of_units(scale):
     units = analysis.stage_units(model, 1)
     gains = analysis.shortcut_gains(units, np.random.default_rng(0).normal(size=(2, 8, 8, 16)))
     assert len(units) == 9
-    np.testing.assert_allclose(gains, [scale ** (9 - l) for l in range(10)], rtol=1e-5)
+    np.testing.assert_allclose(gains, [scale ** (9 - index) for index in range(10)], rtol=1e-5)
 
 
 def test_identity_shortcuts_pass_the_gradient_unchanged():

@@ -12,8 +12,7 @@ import pytest
 import tensorflow as tf
 
 import keras_preact
-from keras_preact_training import configs, data, export, input_tensorflow
-from keras_preact_training import contract
+from keras_preact_training import configs, contract, data, export, input_tensorflow
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow

@@ -132,7 +132,7 @@ def test_the_traced_graph_holds_the_fused_kernel_or_not(fused):
     assert walks.set_fused(model, fused) == 13  # the stem's, 2 x 6 units' (of 2 each, less the first) and the final
     for training in (True, False):
         graph = (
-            tf.function(lambda images: model(images, training=training))
+            tf.function(lambda images, training=training: model(images, training=training))
             .get_concrete_function(tf.TensorSpec((None, 16, 16, 3)))
             .graph
         )

@@ -10,10 +10,9 @@ import pytest
 
 import keras_preact
 from keras_preact import pretrained
-from tests.test_export import BATCH_SIZES, CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
-from keras_preact_training import export
-from keras_preact_training import contract
+from keras_preact_training import contract, export
 from tests.conftest import KERAS_PREACT
+from tests.test_export import BATCH_SIZES, CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
 
 onnxruntime = pytest.importorskip(
     "onnxruntime", reason='the onnx extra is not installed: pip install "keras-preact[onnx]"'

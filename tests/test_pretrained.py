@@ -495,8 +495,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
 def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipped, tmp_path, capsys):
     import tensorflow as tf
 
-    from keras_preact_training import cli, export, input_tensorflow
-    from keras_preact_training import contract
+    from keras_preact_training import cli, contract, export, input_tensorflow
 
     trained, _ = shipped
     images = sorted(str(path) for path in (ROOT / "docs" / "cifar10").glob("*.jpg"))

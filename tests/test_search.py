@@ -134,7 +134,7 @@ def test_trials_run_under_the_strategy(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Each trial runs under MirroredStrategy with 2 replicas." in result.stdout
-    assert list(csv.DictReader(open(tmp_path / "gate_bias.csv")))[0]["gate_bias"] == "0"
+    assert next(csv.DictReader(open(tmp_path / "gate_bias.csv")))["gate_bias"] == "0"
 
 
 def test_bad_tune_arguments_exit_with_a_message(tmp_path):
@@ -286,7 +286,7 @@ def test_tables_hold_the_papers_figures():
     assert table1["exclusive gating, b_g = -6"].paper == {("cifar10", "resnet110"): 8.70}
     assert table1["dropout shortcut (ratio 0.5)"].paper == {("cifar10", "resnet110"): "fail"}
     # Every row builds a config the recipe accepts (on the table's data set).
-    for number, table in ablation.TABLES.items():
+    for table in ablation.TABLES.values():
         for cell in ablation.cells(table):
             config = ablation.configuration(cell, 0, ())
             assert config.model == cell.model and config.dataset == cell.dataset

@@ -22,14 +22,13 @@ import tensorflow as tf
 from PIL import Image
 
 import keras_preact
-from tests.test_export import CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
-from keras_preact_training import export, input_tensorflow
-from keras_preact_training import contract
+from keras_preact_training import contract, export, input_tensorflow
 from keras_preact_training.serving.batching import Batcher
 from keras_preact_training.serving.model import RUNTIMES, ModelServer
 from keras_preact_training.serving.requests import Parsed
 from keras_preact_training.serving.server import onnx_servable
 from tests.conftest import KERAS_PREACT
+from tests.test_export import CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
 
 pytestmark = pytest.mark.tensorflow
 
@@ -211,7 +210,7 @@ def test_columnar_format_and_the_other_signatures(served):
 
 
 def test_query_command_prints_top_classes(served, tmp_path):
-    network, client, pixels, directory = served
+    network, client, pixels, _ = served
     encoded = jpegs(pixels[5:7])
     paths = []
     for index, image in enumerate(encoded):

@@ -20,6 +20,14 @@ from PIL import Image
 
 import keras_preact
 from keras_preact import pretrained
+from keras_preact_training import client as query_client
+from keras_preact_training import contract, export, input_tensorflow
+from keras_preact_training.serving.batching import Batcher
+from keras_preact_training.serving.connections import Connections
+from keras_preact_training.serving.model import RUNTIMES, ModelServer
+from keras_preact_training.serving.requests import Parsed
+from keras_preact_training.serving.server import listening_socket
+from tests.conftest import KERAS_PREACT
 from tests.test_export import CIFAR, calibrated, random_pixels
 from tests.test_serving import (
     PREDICT,
@@ -33,15 +41,6 @@ from tests.test_serving import (
     start_server,
     stop_server,
 )
-from keras_preact_training import client as query_client
-from keras_preact_training import export, input_tensorflow
-from keras_preact_training import contract
-from keras_preact_training.serving.batching import Batcher
-from keras_preact_training.serving.connections import Connections
-from keras_preact_training.serving.model import RUNTIMES, ModelServer
-from keras_preact_training.serving.requests import Parsed
-from keras_preact_training.serving.server import listening_socket
-from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
 
@@ -272,7 +271,7 @@ def test_accepted_connections_have_tcp_nodelay():
 
 
 def test_kept_alive_requests_are_answered_on_one_connection(served):
-    client, port, _ = served
+    _, port, _ = served
     with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
         for _ in range(20):
             connection.sendall(b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -614,7 +613,7 @@ def test_a_bad_start_is_one_line_and_auto_falls_back_to_the_saved_model(exported
 
     server, port = start_server(directory, "--runtime", "auto")
     try:
-        status, answer = Client(f"http://127.0.0.1:{port}").post(
+        status, _ = Client(f"http://127.0.0.1:{port}").post(
             PATH, {"instances": [b64(jpegs(random_pixels(1, CIFAR))[0])]}
         )
         assert status == 200
@@ -698,7 +697,7 @@ def test_an_output_or_run_folder_under_a_regular_file_is_a_clear_error(tmp_path)
 
 
 class NotJson(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802  (http.server's name)
+    def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         self.send_response(200)
         self.send_header("Content-Type", "text/html")

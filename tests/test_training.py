@@ -154,7 +154,7 @@ def test_image_folder(cifar_folder):
     assert (folder.train.size, folder.test.size) == (1000, 100)
     images, labels = next(iter(input_tensorflow.evaluation_batches(folder.test, 100)))
     assert images.shape == (100, 32, 32, 3) and images.dtype == tf.float32
-    assert 0 <= float(tf.reduce_min(images)) and float(tf.reduce_max(images)) <= 255
+    assert float(tf.reduce_min(images)) >= 0 and float(tf.reduce_max(images)) <= 255
     assert len(np.unique(labels)) == 10
 
 

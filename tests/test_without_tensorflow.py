@@ -344,10 +344,10 @@ def test_evaluate_without_tensorflow_gives_tensorflows_answer(cifar_folder, tmp_
     assert without.returncode == 0, without.stderr[-3000:]
     with_tensorflow = run("evaluate", *arguments, backend="tensorflow", without_tensorflow=False)
     assert with_tensorflow.returncode == 0, with_tensorflow.stderr[-3000:]
-    lines = lambda result: re.sub(
-        r" \(data and network loaded in [\d.]+ s, then [\d.]+ s: \d+ images/s\)",
-        "",  # noqa: E731
-        result.stdout,
-    ).splitlines()
+
+    def lines(result):
+        timing = r" \(data and network loaded in [\d.]+ s, then [\d.]+ s: \d+ images/s\)"
+        return re.sub(timing, "", result.stdout).splitlines()
+
     assert lines(without) == lines(with_tensorflow)
     assert "resnet20 (cifar10): test error" in without.stdout

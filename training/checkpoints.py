@@ -144,7 +144,7 @@ def read_tensorflow(prefix):
             for name in reader.get_variable_to_shape_map()
             if name.endswith(suffix) and name.partition("/")[0] in ("model", "optimizer")
         }
-    except Exception as error:  # noqa: BLE001  (TensorFlow reports a damaged file as OpError, IndexError, ...)
+    except Exception as error:
         raise ValueError(f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}") from None
 
 

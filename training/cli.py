@@ -30,6 +30,7 @@ import statistics
 import sys
 
 from keras_preact import quiet_tensorflow
+
 from . import data_folder
 
 # The Keras backends each command's computation runs on; under another one it stops at once
@@ -682,8 +683,7 @@ def compare_command(arguments):
 
 def export_command(arguments):
     """Exports a run or shipped weights, reloads the SavedModel and prints its classes of images."""
-    from . import export
-    from . import contract
+    from . import contract, export
 
     if (arguments.run_dir is None) == (arguments.model is None) or (arguments.model is None) != (
         arguments.weights is None

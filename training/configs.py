@@ -260,8 +260,8 @@ class Config:
     def to_steps(self, amount, steps_per_epoch):
         """`amount` of `schedule_unit` in steps of `batch_size` examples."""
         if self.schedule_unit == "epochs":
-            return int(round(amount * steps_per_epoch))
-        return int(round(amount * self.reference_batch_size / self.batch_size))
+            return round(amount * steps_per_epoch)
+        return round(amount * self.reference_batch_size / self.batch_size)
 
     def total_steps(self, steps_per_epoch):
         return self.to_steps(self.duration, steps_per_epoch)

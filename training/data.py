@@ -176,7 +176,7 @@ def subset(split, examples, seed, shuffled=False):
     """`examples` of the split (all for `None`): a fixed random subset of indexed data, not
     the first files of the first classes, in the split's order (or, `shuffled`, in a random
     order: every batch of it a mix of classes); the first records of a stream."""
-    if examples is None or examples >= split.size and not shuffled:
+    if examples is None or (examples >= split.size and not shuffled):
         return split
     if split.items is None:
         return dataclasses.replace(split, stream=split.stream.take(examples), size=min(examples, split.size))

@@ -13,19 +13,19 @@ training mode, and writes to the output directory:
 """
 
 import csv
-
 import os
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import matplotlib.pyplot as plt
+import numpy as np
 
-import keras_preact  # noqa: E402
-from . import files  # noqa: E402
-from keras_preact import analysis  # noqa: E402
+import keras_preact
+from keras_preact import analysis
+
+from . import files
 
 # The paper's shortcut variants (Table 1), on pre-activation units so that, as in the
 # derivation of Eqns. 7-8, nothing follows the addition: only h differs.
@@ -89,7 +89,7 @@ def diagnose(output, depths=(110, 164, 1001), depth=110, batch_size=16, data_dir
     files.make_directory(output, "output folder")
     images, labels = real_images(batch_size, data_dir)
     measured, rows = {}, []
-    for panel, networks in comparisons(depths, depth).items():
+    for networks in comparisons(depths, depth).values():
         for label, arguments in networks:
             if label not in measured:
                 model = keras_preact.ResNet(**arguments)
@@ -200,7 +200,7 @@ def plot_gains(gains, path):
             last = len(values) - 1
             axis.semilogy(
                 range(len(values)),
-                [scale ** (last - l) for l in range(len(values))],
+                [scale ** (last - index) for index in range(len(values))],
                 "--",
                 color=line.get_color(),
                 linewidth=1,

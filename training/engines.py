@@ -20,6 +20,7 @@ import keras
 import numpy as np
 
 from keras_preact import walks
+
 from . import data, recipe
 
 

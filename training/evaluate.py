@@ -18,6 +18,7 @@ import keras
 import numpy as np
 
 import keras_preact
+
 from . import configs, data, data_folder
 from .defaults import EVALUATION_BATCH_SIZE, EVALUATION_SPLITS
 

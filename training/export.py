@@ -30,8 +30,8 @@ import tensorflow as tf
 
 import keras_preact
 from keras_preact import checksums, pretrained
-from . import configs, data, files, input_tensorflow, recipe
-from . import contract
+
+from . import configs, contract, data, files, input_tensorflow, recipe
 from .contract import MODEL_NAME, Preprocessing, versions
 from .defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS, ONNX_EXTRA
 
@@ -412,7 +412,7 @@ def export_run(
     config = run_config(summary)
     try:
         training_model = keras.saving.load_model(model_path)
-    except Exception as error:  # noqa: BLE001  (Keras reports a damaged archive as many kinds of error)
+    except Exception as error:
         raise ValueError(
             f"Could not read the run's model {model_path} (a truncated or corrupt file: train the run "
             f"again, or restore the file): {type(error).__name__}: {error}"

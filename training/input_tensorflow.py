@@ -10,8 +10,7 @@ import socket
 import numpy as np
 import tensorflow as tf
 
-from . import data, data_folder
-from . import contract
+from . import contract, data, data_folder
 
 # Where a pipeline's decoding runs in parallel; tf.data picks the degree.
 AUTOTUNE = tf.data.AUTOTUNE

@@ -18,6 +18,7 @@ import keras
 import numpy as np
 
 from keras_preact import walks
+
 from . import checkpoints, configs, data, defaults, engines, files, plots, recipe
 
 # test_* or validation_*: the split a run evaluates on (`Config.validation_examples`); hours: of

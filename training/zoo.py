@@ -20,6 +20,7 @@ import numpy as np
 
 import keras_preact
 from keras_preact import checksums, pretrained
+
 from . import data, evaluate, files, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
 # Published CIFAR-10 test errors (%) of each depth of the zoo, for its tables: the paper's, by

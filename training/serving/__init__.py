@@ -10,7 +10,7 @@
     connections.py         a deadline, a bound and JSON errors around uvicorn's h11 protocol
     server.py              serve(): uvicorn on a listening socket, the runtime chosen
 
-The exported model's contract (its signatures, files and metadata) is `keras_preact_training.contract`,
-which export writes and serving reads. The onnxruntime runtime imports neither TensorFlow nor Keras: a deployment that serves
-ONNX models needs only onnxruntime, NumPy, Pillow, Starlette and uvicorn.
+The exported model's contract (its signatures, files and metadata) is
+`keras_preact_training.contract`, which export writes and serving reads. The onnxruntime
+runtime imports neither TensorFlow nor Keras: a deployment that serves ONNX models needs only onnxruntime, NumPy, Pillow, Starlette and uvicorn.
 """

@@ -41,7 +41,7 @@ class Batcher:
         while self.waiting and self.idle_threads:
             try:
                 batch = self.next_batch()
-            except Exception:  # noqa: BLE001  (nothing left the queue: no request or slot is lost)
+            except Exception:
                 batch = [self.waiting.popleft()]
             self.idle_threads -= 1
             task = asyncio.ensure_future(self.run(batch))
@@ -79,7 +79,7 @@ class Batcher:
             for (_, future), result in zip(batch, results):
                 if not future.done():
                     future.set_result(result)
-        except Exception as error:  # noqa: BLE001  (answered as a 500 by each request of the batch)
+        except Exception as error:
             for _, future in batch:
                 if not future.done():
                     future.set_exception(error)

@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from ..defaults import DEFAULT_MAX_BATCH
 from .. import contract
+from ..defaults import DEFAULT_MAX_BATCH
 from . import requests
 from .requests import BadRequest
 

@@ -13,8 +13,9 @@ import warnings
 import numpy as np
 
 from keras_preact.checksums import sha256
-from ..defaults import ONNX_EXTRA
+
 from .. import contract
+from ..defaults import ONNX_EXTRA
 from . import images
 from .requests import UNDECODABLE, BadRequest
 
@@ -66,7 +67,7 @@ class OnnxRuntime:
                 )
             try:
                 session = onnxruntime.InferenceSession(file, providers=["CPUExecutionProvider"])
-            except Exception as error:  # noqa: BLE001  (onnxruntime reports a missing or damaged file as many kinds)
+            except Exception as error:
                 reason = " ".join(str(error).split())[:200]
                 raise ValueError(
                     f"Could not load the ONNX model {file} (missing, empty, truncated or corrupt: "

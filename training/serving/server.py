@@ -10,8 +10,8 @@ import sys
 
 import uvicorn
 
-from ..defaults import DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT
 from .. import contract
+from ..defaults import DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT
 from .application import application
 from .connections import MAX_HEAD_BYTES, Connections
 from .model import ModelServer
@@ -111,7 +111,7 @@ def auto_model(directory, max_batch=DEFAULT_MAX_BATCH):
 def serves_onnx(directory, runtime):
     """Whether `serve(directory, runtime=runtime)` starts with onnxruntime (TensorFlow is then
     imported only if the ONNX models cannot be served and "auto" falls back)."""
-    return runtime == "onnxruntime" or runtime == "auto" and onnx_servable(directory)
+    return runtime == "onnxruntime" or (runtime == "auto" and onnx_servable(directory))
 
 
 def onnx_servable(directory):

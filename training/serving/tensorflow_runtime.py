@@ -29,7 +29,7 @@ class TensorFlowRuntime:
     def __init__(self, path, metadata, preprocessing, class_names, top_k):
         try:
             self.loaded = tf.saved_model.load(path)
-        except Exception as error:  # noqa: BLE001  (a damaged saved_model.pb or variables: DecodeError, OpError, ...)
+        except Exception as error:
             raise ValueError(
                 f"Could not load the SavedModel {path} (a truncated or corrupt saved_model.pb or "
                 f"variables/: export it again): {type(error).__name__}: {str(error)[:300]}"

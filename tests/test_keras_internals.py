@@ -3,8 +3,8 @@ fails, saying which, where a Keras version changes it. (`keras_preact_training.r
 optimizer methods have their own test in tests/test_weight_decay.py.)
 
 `Layer._flatten_layers` walks a layer's nested layers: `StackedUnits` (keras_preact/stacked.py)
-stacks the variables of its unit's layers by their paths, the model-wide walks over
-BatchNorms reach the layers inside a loop of units, and a unit lists its BatchNorms with it.
+stacks the variables of its unit's layers by their paths, the model-wide walks
+(keras_preact/walks.py) reach the layers inside a loop of units, and a unit lists its BatchNorms with it.
 Keras 3 offers no public walk over the layers nested in a layer (`Model.layers` is the top
 level alone).
 """

@@ -101,3 +101,42 @@ def test_the_library_and_training_without_tensorflow_need_no_tensorflow(tmp_path
     assert not any(name.startswith("tensorflow") for name in extras[None] + extras["training-core"])
     assert any(name.startswith("tensorflow") for name in extras["tensorflow"])
     assert any("tensorflow" in name for name in extras["training"])
+
+
+def library_imports():
+    """{module of keras_preact: the keras_preact modules it imports, at its top or in a function}."""
+    import ast
+
+    folder = os.path.join(ROOT, "keras_preact")
+    graph = {}
+    for file in sorted(os.listdir(folder)):
+        if not file.endswith(".py") or file == "__init__.py":
+            continue
+        imported = set()
+        for node in ast.walk(ast.parse(open(os.path.join(folder, file)).read())):
+            if isinstance(node, ast.ImportFrom) and node.module == "keras_preact":
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keras_preact."):
+                imported.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith("keras_preact.")}
+        graph[file[:-3]] = imported - {file[:-3]}
+    return graph
+
+
+def test_the_library_has_no_import_circle():
+    """Layer modules import downward (walks over whole networks live above the layers), so
+    that no module needs another that needs it back."""
+    graph = library_imports()
+    assert graph["walks"] >= {"blocks", "stacked"} and "walks" not in graph["blocks"] | graph["stacked"]
+
+    def circle_from(start, path):
+        for module in sorted(graph.get(path[-1], ())):
+            if module == start:
+                return [*path, module]
+            if module not in path and (found := circle_from(start, [*path, module])):
+                return found
+        return None
+
+    circles = [circle for module in graph if (circle := circle_from(module, [module]))]
+    assert circles == [], f"import circles: {circles}"

@@ -23,6 +23,14 @@ RUNS=${RUNS:-$HOME/.cache/keras-preact/runs}
 DATA=${DATA:-$HOME/.cache/keras-preact/cifar10-jpeg}
 PYTHON=${PYTHON:-.venv/bin/python}
 
+# The runner's own packages under their installed names (training/ is keras_preact_training), ahead
+# of the editable install of the work tree that $PYTHON's environment holds.
+PACKAGES=$(mktemp -d)
+trap 'rm -rf "$PACKAGES"' EXIT
+ln -s "$PWD/keras_preact" "$PACKAGES/keras_preact"
+ln -s "$PWD/training" "$PACKAGES/keras_preact_training"
+export PYTHONPATH="$PACKAGES${PYTHONPATH:+:$PYTHONPATH}"
+
 mapfile -t QUEUE < <(grep -v '^#' scripts/queue.txt | awk -F'|' '$2 ~ /cpu/')
 mkdir -p "$RUNS"
 for entry in "${QUEUE[@]}"; do

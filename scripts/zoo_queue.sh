@@ -6,7 +6,8 @@
 # with PYTHON=<work tree>/.venv/bin/python), so that edits in progress never change a queued run.
 # Runs go to ~/.cache/keras-preact/runs/<name>, at nice 10 so that tests come first;
 # `kill -STOP` / `kill -CONT` the python process to pause one for a benchmark. A run is
-# checkpointed every epoch (cifar10_zoo's checkpoint_every), so stopping it loses at most one.
+# checkpointed every fifth of an epoch (queue.txt's checkpoint_every=78), so stopping it loses
+# at most that.
 #
 # The data is CIFAR-10 as JPEG folders in ~/.cache/keras-preact/cifar10-jpeg, made once by
 # `.venv/bin/keras-preact data ../shared/data/cifar10-jpeg.tar.xz` (as the tests make it; its

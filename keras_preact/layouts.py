@@ -2,12 +2,14 @@
 
 A model function builds a stage's units 2 to n as one `keras_preact.stacked.StackedUnits`
 layer where `scan_units` asks for it; the functions here move weights between the two
-layouts and rebuild a looped network with separate units. The units of a loop keep the
+layouts, load a weights file saved in either, and rebuild a looped network with separate units. The units of a loop keep the
 names they have as separate layers (`stage1_unit2`, ...), which is how weights find
 their counterparts.
 """
 
+import os
 import re
+import warnings
 
 import keras
 
@@ -90,3 +92,39 @@ def separate_units(model: keras.Model) -> keras.Model:
     separate = keras.Model(inputs, x, name=model.name)
     copy_weights(model, separate)
     return separate
+
+
+def load_weights_file(model, path, other_layout=None):
+    """`model.load_weights(path)`, its errors naming the file.
+
+    `other_layout`: where given, a function that builds the same network with the other
+    `scan_units` layout; a file that does not fit `model` is then tried in that network
+    and, if it fits there, its weights are copied into `model` (`copy_weights`).
+
+    Raises:
+        ValueError: for a file that cannot be read or fits neither layout.
+    """
+    try:
+        # Keras warns of each loop it cannot fill from a file of separate units before it fails.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.load_weights(path)
+    except Exception as error:
+        failure = error
+    else:
+        for warning in caught:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        return
+    if other_layout is not None and os.path.isfile(path):
+        other = other_layout()
+        try:
+            other.load_weights(path)
+        except Exception:
+            pass
+        else:
+            copy_weights(other, model)
+            return
+    raise ValueError(
+        f"Could not load the weights file {os.fspath(path)} into {model.name} (a truncated, "
+        f"corrupt file, or one saved from another network): {failure}"
+    ) from failure

@@ -8,7 +8,6 @@
 import functools
 import inspect
 import os
-import warnings
 from collections.abc import Callable
 
 import keras
@@ -247,7 +246,7 @@ def ResNet(
             classes=len(pretrained.DATASETS[weights]["classes"]),
             classifier_activation=classifier_activation,
         )
-        load_weights_file(trained, pretrained.verified_file(shipped))
+        layouts.load_weights_file(trained, pretrained.verified_file(shipped))
         layouts.copy_weights(trained, model)
     elif weights is not None:
         # The same network in the other layout, for a file saved from it.
@@ -268,7 +267,7 @@ def ResNet(
             classes=classes,
             classifier_activation=classifier_activation,
         )
-        load_weights_file(model, weights, None if _has_unstackable_merge(merge) else other_layout)
+        layouts.load_weights_file(model, weights, None if _has_unstackable_merge(merge) else other_layout)
     return model
 
 
@@ -281,42 +280,6 @@ def loops_by_default(architecture, merge=None):
 def _has_unstackable_merge(merge):
     """A merge with random state of its own per unit, which `StackedUnits` cannot stack."""
     return isinstance(merge, merges.ShortcutDropout)
-
-
-def load_weights_file(model, path, other_layout=None):
-    """`model.load_weights(path)`, its errors naming the file.
-
-    `other_layout`: where given, a function that builds the same network with the other
-    `scan_units` layout; a file that does not fit `model` is then tried in that network
-    and, if it fits there, its weights are copied into `model` (`layouts.copy_weights`).
-
-    Raises:
-        ValueError: for a file that cannot be read or fits neither layout.
-    """
-    try:
-        # Keras warns of each loop it cannot fill from a file of separate units before it fails.
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            model.load_weights(path)
-    except Exception as error:
-        failure = error
-    else:
-        for warning in caught:
-            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-        return
-    if other_layout is not None and os.path.isfile(path):
-        other = other_layout()
-        try:
-            other.load_weights(path)
-        except Exception:
-            pass
-        else:
-            layouts.copy_weights(other, model)
-            return
-    raise ValueError(
-        f"Could not load the weights file {os.fspath(path)} into {model.name} (a truncated, "
-        f"corrupt file, or one saved from another network): {failure}"
-    ) from failure
 
 
 def _preactivation(stage, index):

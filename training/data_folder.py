@@ -5,7 +5,7 @@ An image folder is `DIR/train/<class>/<image>` and `DIR/test/<class>/<image>`: o
 per class in each split, the layout of `keras.utils.image_dataset_from_directory` and
 `tfds.folder_dataset.ImageFolder`, which `--set dataset=folder --data-dir DIR` trains and
 evaluates on. The zoo's networks were trained on CIFAR-10 as JPEGs of quality 75 in this
-layout (60,000 images: 18.6 MB as shared/data's tar.xz, 237 MB extracted), kept in
+layout (60,000 images: 18.6 MB as a tar.xz archive, 237 MB extracted), kept in
 `CIFAR10_FOLDER`.
 """
 

@@ -28,6 +28,22 @@ SLOW_PARAMETERS = {
 }
 
 
+# A short digits run for the commands' tests: 2 epochs of 22 steps, checkpointed every 5,
+# evaluated every 20, logged at every step.
+SHORT_DIGITS_RUN = [
+    "--config",
+    "digits_demo",
+    "--set",
+    "duration=2",
+    "--set",
+    "checkpoint_every=5",
+    "--set",
+    "evaluate_every=20",
+    "--set",
+    "log_every=1",
+]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Marks the parameters of SLOW_PARAMETERS slow, before `-m` selects."""

@@ -12,27 +12,13 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import KERAS_PREACT
+from tests.conftest import KERAS_PREACT, SHORT_DIGITS_RUN
 
 pytestmark = pytest.mark.commands
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIFICATION = importlib.util.spec_from_file_location("gpu_playbook", os.path.join(ROOT, "scripts", "gpu_playbook.py"))
 playbook = importlib.util.module_from_spec(SPECIFICATION)
 SPECIFICATION.loader.exec_module(playbook)
-
-# Two epochs of 22 steps of the digits, checkpointed every 5 steps (as the zoo's runs every epoch).
-ARGUMENTS = [
-    "--config",
-    "digits_demo",
-    "--set",
-    "duration=2",
-    "--set",
-    "checkpoint_every=5",
-    "--set",
-    "evaluate_every=20",
-    "--set",
-    "log_every=1",
-]
 
 
 def test_the_queue_is_read_in_order():
@@ -88,7 +74,7 @@ def test_the_runs_start_in_the_queues_order_as_many_at_once_as_asked(tmp_path, m
 
 def train(run_dir):
     result = subprocess.run(
-        [KERAS_PREACT, "train", *ARGUMENTS, "--run-dir", str(run_dir)],
+        [KERAS_PREACT, "train", *SHORT_DIGITS_RUN, "--run-dir", str(run_dir)],
         cwd=ROOT,
         env=ENVIRONMENT,
         capture_output=True,
@@ -111,9 +97,9 @@ def test_a_run_started_stopped_landed_and_resumed_on_the_cpu(tmp_path):
     packed, the run started from it in a process of its own, stopped after a checkpoint,
     bundled, landed in the CPU's run folder, and finished there by the CPU queue's command."""
     name, cpu_runs = "gpu-digits", tmp_path / "cpu"
-    entries = [(name, ARGUMENTS)]
+    entries = [(name, SHORT_DIGITS_RUN)]
     cpu = subprocess.Popen(
-        [KERAS_PREACT, "train", *ARGUMENTS, "--run-dir", str(cpu_runs / name)],
+        [KERAS_PREACT, "train", *SHORT_DIGITS_RUN, "--run-dir", str(cpu_runs / name)],
         cwd=ROOT,
         env=ENVIRONMENT,
         stdout=subprocess.DEVNULL,

@@ -14,24 +14,11 @@ import numpy as np
 import pytest
 
 from keras_preact_training import checkpoints, configs, data, input_numpy
-from tests.conftest import KERAS_PREACT
+from tests.conftest import KERAS_PREACT, SHORT_DIGITS_RUN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WITHOUT_TENSORFLOW = os.path.join(ROOT, "tests", "without_tensorflow")
 DIGITS = configs.CONFIGS["digits_demo"]
-# A short digits run: 2 epochs of 22 steps, every event several times.
-SHORT = [
-    "--config",
-    "digits_demo",
-    "--set",
-    "duration=2",
-    "--set",
-    "checkpoint_every=5",
-    "--set",
-    "evaluate_every=20",
-    "--set",
-    "log_every=1",
-]
 
 
 def run(command, *arguments, backend, without_tensorflow=True, timeout=600):
@@ -214,7 +201,7 @@ def test_killed_run_without_tensorflow_resumes_to_the_same_weights(tmp_path, bac
     """`keras-preact train` under JAX and PyTorch with no TensorFlow: killed after a checkpoint,
     its newest checkpoint truncated, the run resumes from the one before and ends with the
     weights of the uninterrupted run."""
-    whole = run("train", "--run-dir", str(tmp_path / "whole"), *SHORT, backend=backend)
+    whole = run("train", "--run-dir", str(tmp_path / "whole"), *SHORT_DIGITS_RUN, backend=backend)
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert not (tmp_path / "whole" / "tensorboard").exists()
     assert (tmp_path / "whole" / "curves.png").exists() and (tmp_path / "whole" / "model.keras").exists()
@@ -223,7 +210,7 @@ def test_killed_run_without_tensorflow_resumes_to_the_same_weights(tmp_path, bac
     killed = tmp_path / "killed"
     environment = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=WITHOUT_TENSORFLOW)
     process = subprocess.Popen(
-        [KERAS_PREACT, "train", "--run-dir", str(killed), *SHORT],
+        [KERAS_PREACT, "train", "--run-dir", str(killed), *SHORT_DIGITS_RUN],
         cwd=ROOT,
         env=environment,
         stdout=subprocess.DEVNULL,
@@ -239,7 +226,7 @@ def test_killed_run_without_tensorflow_resumes_to_the_same_weights(tmp_path, bac
     newest = killed / "checkpoints" / f"ckpt-{steps[-1]}.npz"
     newest.write_bytes(newest.read_bytes()[:1000])
 
-    resumed = run("train", "--run-dir", str(killed), *SHORT, backend=backend)
+    resumed = run("train", "--run-dir", str(killed), *SHORT_DIGITS_RUN, backend=backend)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Checkpoint {newest} cannot be restored" in resumed.stdout
     before = killed / "checkpoints" / f"ckpt-{steps[-2]}.npz"
@@ -249,7 +236,7 @@ def test_killed_run_without_tensorflow_resumes_to_the_same_weights(tmp_path, bac
 
 @pytest.mark.commands
 def test_keras_on_tensorflow_without_tensorflow_is_one_line_that_says_what_to_do(tmp_path):
-    result = run("train", "--run-dir", str(tmp_path / "run"), *SHORT, backend="tensorflow")
+    result = run("train", "--run-dir", str(tmp_path / "run"), *SHORT_DIGITS_RUN, backend="tensorflow")
     assert result.returncode == 2
     assert result.stderr == (
         "error: TensorFlow, Keras' backend here (KERAS_BACKEND=tensorflow), is not installed. "
@@ -265,16 +252,36 @@ def test_a_tensorflow_run_resumes_under_torch_without_tensorflow_and_back(tmp_pa
     TensorFlow again; each resumes at the step the other stopped at."""
     run_dir = str(tmp_path / "run")
     first = run(
-        "train", "--run-dir", run_dir, *SHORT, "--set", "duration=1", backend="tensorflow", without_tensorflow=False
+        "train",
+        "--run-dir",
+        run_dir,
+        *SHORT_DIGITS_RUN,
+        "--set",
+        "duration=1",
+        backend="tensorflow",
+        without_tensorflow=False,
     )
     assert first.returncode == 0, first.stderr[-3000:]
     second = run(
-        "train", "--run-dir", run_dir, *SHORT, "--set", "duration=1.5", "--allow-config-changes", backend="torch"
+        "train",
+        "--run-dir",
+        run_dir,
+        *SHORT_DIGITS_RUN,
+        "--set",
+        "duration=1.5",
+        "--allow-config-changes",
+        backend="torch",
     )
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"Resuming from {os.path.join(run_dir, 'checkpoints', 'ckpt-22.npz')} at step 22 of 33." in second.stdout
     third = run(
-        "train", "--run-dir", run_dir, *SHORT, "--allow-config-changes", backend="tensorflow", without_tensorflow=False
+        "train",
+        "--run-dir",
+        run_dir,
+        *SHORT_DIGITS_RUN,
+        "--allow-config-changes",
+        backend="tensorflow",
+        without_tensorflow=False,
     )
     assert third.returncode == 0, third.stderr[-3000:]
     assert f"Resuming from {os.path.join(run_dir, 'checkpoints', 'ckpt-33.npz')} at step 33 of 44." in third.stdout
@@ -286,7 +293,7 @@ def test_a_run_checkpointed_in_tensorflows_format_resumes(tmp_path):
     key) resume from it where TensorFlow is installed, to the uninterrupted run's weights."""
     import tensorflow as tf
 
-    deterministic = [*SHORT, "--set", "deterministic=true"]
+    deterministic = [*SHORT_DIGITS_RUN, "--set", "deterministic=true"]
     whole = run(
         "train", "--run-dir", str(tmp_path / "whole"), *deterministic, backend="tensorflow", without_tensorflow=False
     )
@@ -315,7 +322,7 @@ def test_a_run_checkpointed_in_tensorflows_format_resumes(tmp_path):
         "train",
         "--run-dir",
         str(tmp_path / "legacy"),
-        *SHORT,
+        *SHORT_DIGITS_RUN,
         "--set",
         "duration=3",
         "--allow-config-changes",

@@ -5,6 +5,10 @@
 `MODELS` maps every registered name to its builder.
 """
 
+# Annotations stay text: the module imported by Keras' own import (the layers' registration)
+# must not evaluate another module's classes while that module is half-imported.
+from __future__ import annotations
+
 import functools
 import inspect
 import os

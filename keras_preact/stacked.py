@@ -8,6 +8,10 @@ network traces, compiles, exports and loads one unit per stage instead of up to 
 rounding); `keras_preact.layouts` converts a network between the two layouts.
 """
 
+# Annotations stay text: the module imported by Keras' own import (the layers' registration)
+# must not evaluate another module's classes while that module is half-imported.
+from __future__ import annotations
+
 import keras
 from keras import ops
 

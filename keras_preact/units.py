@@ -14,6 +14,10 @@ Reference:
     https://arxiv.org/abs/1603.05027
 """
 
+# Annotations stay text: the module imported by Keras' own import (the layers' registration)
+# must not evaluate another module's classes while that module is half-imported.
+from __future__ import annotations
+
 import dataclasses
 
 import keras

@@ -6,6 +6,9 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
+import keras_preact
 from tests.conftest import KERAS_PREACT, ROOT
 
 SUBCOMMANDS = (
@@ -140,3 +143,19 @@ def test_the_library_has_no_import_circle():
 
     circles = [circle for module in graph if (circle := circle_from(module, [module]))]
     assert circles == [], f"import circles: {circles}"
+
+
+@pytest.mark.parametrize("name", sorted(keras_preact._SUBMODULES))
+def test_each_module_loads_first_in_a_fresh_process(name):
+    """`import keras_preact` then any of its modules, before Keras is imported: the module's
+    own `import keras` registers the layers (`keras_preact._register_layers`), which imports the
+    model functions while that module is half-imported; none may need it whole by then. Run on
+    Keras' NumPy backend, which imports in half TensorFlow's time (the import order does not
+    depend on the backend)."""
+    result = subprocess.run(
+        [sys.executable, "-c", f"import keras_preact; print(keras_preact.{name}.__name__)"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, KERAS_BACKEND="numpy"),
+    )
+    assert result.returncode == 0 and result.stdout.strip() == f"keras_preact.{name}", result.stderr[-2000:]

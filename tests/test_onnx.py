@@ -100,7 +100,7 @@ def test_resnet1001_in_loops_exports_to_onnx(tmp_path):
     assert_onnx_matches(network, path, pixels)
 
 
-def test_export_command_writes_both_formats_of_the_shipped_weights(tmp_path):
+def test_export_command_writes_every_format_of_the_shipped_weights(tmp_path):
     result = subprocess.run(
         [
             KERAS_PREACT,
@@ -125,16 +125,20 @@ def test_export_command_writes_both_formats_of_the_shipped_weights(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     path = tmp_path / "cifar10_resnet20" / "1"
     # Folded: the stem's BatchNorm and the middle one of each of the 9 units.
-    assert f"Exported resnet20 to {path} (a SavedModel and ONNX, 10 BatchNorms folded)" in result.stdout
+    assert f"Exported resnet20 to {path} (a SavedModel, ONNX and LiteRT, 10 BatchNorms folded)" in result.stdout
     assert (
         f"ONNX models (checked with onnxruntime against the network): onnx/predict_pixels.onnx, "
         f"onnx/predict_normalized.onnx in {path}"
     ) in result.stdout
+    assert (
+        "LiteRT models (checked with LiteRT's interpreter against the network): "
+        f"litert/predict_pixels.float32.tflite in {path}"
+    ) in result.stdout
     assert "docs/cifar10/cat_0000.jpg  cat " in result.stdout  # the SavedModel's check, as before
-    assert {"saved_model.pb", "onnx", "metadata.json"} <= set(os.listdir(path))
+    assert {"saved_model.pb", "onnx", "litert", "metadata.json"} <= set(os.listdir(path))
     metadata = contract.read_metadata(str(path))
-    assert metadata["formats"] == ["saved_model", "onnx"] and metadata["folded_batch_norms"] == 10
-    assert set(metadata["versions"]) == {"keras", "tensorflow", "onnx", "tf2onnx", "onnxruntime"}
+    assert metadata["formats"] == ["saved_model", "onnx", "litert"] and metadata["folded_batch_norms"] == 10
+    assert set(metadata["versions"]) == {"keras", "tensorflow", "onnx", "tf2onnx", "onnxruntime", "ai_edge_litert"}
 
 
 def test_a_missing_extra_is_named(tmp_path, monkeypatch):
@@ -151,7 +155,7 @@ def test_a_missing_extra_is_named(tmp_path, monkeypatch):
     assert not os.path.exists(tmp_path / "model")  # refused before anything is written
     with pytest.raises(
         ValueError,
-        match=r"formats must name 'saved_model' and/or 'onnx'. Received: "
+        match=r"formats must name some of \['saved_model', 'onnx', 'litert'\]. Received: "
         r"formats=\('tflite',\)",
     ):
         export.export_saved_model(network, str(tmp_path / "model"), CIFAR_CLASSES, CIFAR, formats=("tflite",))

@@ -52,7 +52,7 @@ TENSORFLOW_OPTIONAL = ("train", "evaluate")
 
 
 def parser():
-    from . import configs, defaults
+    from . import configs, contract, defaults
 
     main = argparse.ArgumentParser(
         prog="keras-preact",
@@ -289,7 +289,25 @@ def parser():
         choices=defaults.EXPORT_FORMATS,
         default=defaults.EXPORT_FORMATS[0],
         help="saved_model (default), onnx (the pixel signatures as ONNX models in <version>/"
-        "onnx/, checked with onnxruntime; needs keras-preact[onnx]) or all (both)",
+        "onnx/, checked with onnxruntime; needs keras-preact[onnx]), litert (predict_pixels as "
+        "LiteRT models in <version>/litert/, checked with LiteRT's interpreter; needs "
+        "keras-preact[litert]) or all (the three)",
+    )
+    export_parser.add_argument(
+        "--quantize",
+        nargs="+",
+        choices=contract.QUANTIZED,
+        default=[],
+        metavar="PRECISION",
+        help="also write these precisions beside float32, in the formats that offer them: float16 "
+        "(LiteRT) and int8 (ONNX and LiteRT; needs --calibration-images)",
+    )
+    export_parser.add_argument(
+        "--calibration-images",
+        nargs="+",
+        metavar="IMAGE",
+        help="images that calibrate int8: a few hundred training images of the network's size "
+        "(files, or folders read recursively)",
     )
     export_parser.add_argument(
         "--no-fold",
@@ -339,6 +357,12 @@ def parser():
         help="what runs the network: the SavedModel on TensorFlow, or the ONNX models of "
         "`export --format onnx|all` on onnxruntime (default auto: onnxruntime where the "
         "highest version has them and the onnx extra is installed)",
+    )
+    serve_parser.add_argument(
+        "--precision",
+        choices=contract.PRECISIONS["onnx"],
+        default="float32",
+        help="the ONNX models to serve: float32 (default), or int8 (`export --quantize int8`; onnxruntime only)",
     )
     serve_parser.add_argument(
         "--no-batching",
@@ -697,6 +721,12 @@ def export_command(arguments):
         export.checked_name(arguments.name)
     images = export.read_image_files(arguments.images or [])
     formats = export.FORMATS[arguments.format]
+    if "int8" not in arguments.quantize and arguments.calibration_images:
+        raise ValueError(
+            "--calibration-images calibrate int8 only: add --quantize int8. Received: --quantize "
+            f"{' '.join(arguments.quantize) or '(none)'}"
+        )
+    quantized = dict(precisions=("float32", *arguments.quantize), calibration_images=arguments.calibration_images)
     if arguments.run_dir is not None:
         path = export.export_run(
             arguments.run_dir,
@@ -706,6 +736,7 @@ def export_command(arguments):
             arguments.top_k,
             formats=formats,
             fold_batch_norms=arguments.fold,
+            **quantized,
         )
     else:
         path = export.export_shipped(
@@ -717,11 +748,18 @@ def export_command(arguments):
             arguments.top_k,
             formats=formats,
             fold_batch_norms=arguments.fold,
+            **quantized,
         )
+    metadata = contract.read_metadata(path)
     if "onnx" in formats:
+        onnx_files = [*metadata["onnx"]["files"].values()]
+        for precision in metadata["onnx"].get("quantized", {}):
+            onnx_files += contract.onnx_models(metadata, precision)["files"].values()
+        print(f"ONNX models (checked with onnxruntime against the network): {', '.join(onnx_files)} in {path}")
+    if "litert" in formats:
         print(
-            f"ONNX models (checked with onnxruntime against the network): "
-            f"{', '.join(contract.read_metadata(path)['onnx']['files'].values())} in {path}"
+            "LiteRT models (checked with LiteRT's interpreter against the network): "
+            f"{', '.join(metadata['litert']['files'].values())} in {path}"
         )
     if "saved_model" not in formats:
         return 0
@@ -743,7 +781,7 @@ def export_command(arguments):
 def serve_command(arguments):
     from .serving import server
 
-    if not server.serves_onnx(arguments.model_dir, arguments.runtime):
+    if not server.serves_onnx(arguments.model_dir, arguments.runtime, arguments.precision):
         import_tensorflow(arguments.verbose)
     server.serve(
         arguments.model_dir,
@@ -755,6 +793,7 @@ def serve_command(arguments):
         arguments.request_timeout,
         arguments.batching,
         arguments.runtime,
+        arguments.precision,
     )
     return 0
 

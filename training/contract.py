@@ -3,7 +3,8 @@ checks it, and neither restates it. Importable without TensorFlow.
 
 An exported version folder (`<name>/<version>/`, TF Serving's layout) holds a SavedModel
 with three signatures over one network, optionally the two ONNX models that compute them
-under onnxruntime, and `metadata.json`:
+under onnxruntime (in float32, and in int8 beside them), optionally LiteRT models of
+`predict_pixels` (in float32, float16 and int8), and `metadata.json`:
 
     serving_default      images: string [batch]                 encoded JPEG/PNG/GIF/BMP bytes
     predict_pixels       pixels: uint8 [batch, H, W, C]          raw pixels, 0-255
@@ -11,7 +12,8 @@ under onnxruntime, and `metadata.json`:
 
 Every signature answers `OUTPUTS`; an ONNX model answers `ONNX_OUTPUTS` (the class names
 are in metadata.json: ONNX runtimes handle strings unevenly), and encoded images reach
-`predict_normalized.onnx` once decoded and normalised.
+`predict_normalized.onnx` once decoded and normalised. A LiteRT model takes `predict_pixels`'
+pixels and answers `probabilities` only, as phones and microcontrollers use it.
 """
 
 import dataclasses
@@ -77,9 +79,38 @@ ONNX_OUTPUTS = ("logits", "probabilities", "class_ids")
 ONNX_TYPES = {"uint8": "tensor(uint8)", "float32": "tensor(float)"}
 
 
-def onnx_file(name):
-    """The ONNX model of signature `name`, relative to its version folder."""
-    return os.path.join(ONNX_DIRECTORY, f"{name}.onnx")
+# The precisions each format is written in: float32 always, and on request (`export
+# --quantize`) float16 (LiteRT: weights stored in half precision) and int8 (ONNX: onnxruntime's
+# static quantization; LiteRT: full-integer), both calibrated on images the user names.
+PRECISIONS = {"saved_model": ("float32",), "onnx": ("float32", "int8"), "litert": ("float32", "float16", "int8")}
+QUANTIZED = ("float16", "int8")
+# The LiteRT models: `predict_pixels` in each precision, under <version>/litert/.
+LITERT_DIRECTORY = "litert"
+LITERT_SIGNATURE = "predict_pixels"
+LITERT_OUTPUT = "probabilities"
+
+
+def onnx_file(name, precision="float32"):
+    """The ONNX model of signature `name` in `precision`, relative to its version folder:
+    onnx/<name>.onnx in float32, onnx/<name>.<precision>.onnx otherwise."""
+    return os.path.join(ONNX_DIRECTORY, f"{name}.onnx" if precision == "float32" else f"{name}.{precision}.onnx")
+
+
+def litert_file(precision):
+    """The LiteRT model in `precision`, relative to its version folder."""
+    return os.path.join(LITERT_DIRECTORY, f"{LITERT_SIGNATURE}.{precision}.tflite")
+
+
+def onnx_models(metadata, precision="float32"):
+    """What metadata.json records of the ONNX models in `precision`: {"files": {signature:
+    path}, "sha256": {signature: digest}}. The float32 models are described by "onnx"
+    itself, the quantized ones by "onnx" -> "quantized" -> precision.
+
+    Raises:
+        KeyError, TypeError: where metadata.json describes no such models.
+    """
+    described = metadata["onnx"]
+    return described if precision == "float32" else described["quantized"][precision]
 
 
 # A model's name is its folder under the output and the name TF Serving serves it by:
@@ -163,23 +194,28 @@ def versions(directory):
     return sorted(int(entry.name) for entry in os.scandir(directory) if entry.is_dir() and entry.name.isdigit())
 
 
-def latest_version(directory, kind="saved_model"):
-    """`directory/<highest version>` holding `kind` ("saved_model" or "onnx"): for a
-    SavedModel, the one TF Serving serves by default.
+def latest_version(directory, kind="saved_model", precision="float32"):
+    """`directory/<highest version>` holding `kind` ("saved_model" or "onnx") in `precision`:
+    for a SavedModel, the one TF Serving serves by default.
 
     Raises:
         FileNotFoundError: if `directory` holds no numbered version with one.
     """
-    marker = {"saved_model": "saved_model.pb", "onnx": onnx_file("predict_normalized")}[kind]
+    marker = {"saved_model": "saved_model.pb", "onnx": onnx_file("predict_normalized", precision)}[kind]
     found = [
         version for version in versions(directory) if os.path.exists(os.path.join(directory, str(version), marker))
     ]
     if not found:
+        what = (
+            "a SavedModel"
+            if kind == "saved_model"
+            else f"{'' if precision == 'float32' else precision + ' '}ONNX models"
+        )
         how = "" if kind == "saved_model" else " --format onnx (or all)"
+        how += f" --quantize {precision} --calibration-images ..." if precision != "float32" else ""
         raise FileNotFoundError(
-            f"No version folder with {'a SavedModel' if kind == 'saved_model' else 'ONNX models'} "
-            f"(<directory>/<number>/{marker}) in {directory}. Export one with `keras-preact "
-            f"export{how}`. Received: {directory!r}"
+            f"No version folder with {what} (<directory>/<number>/{marker}) in {directory}. Export one with "
+            f"`keras-preact export{how}`. Received: {directory!r}"
         )
     return os.path.join(directory, str(found[-1]))
 

@@ -9,9 +9,10 @@ import it from here (`export.DEFAULT_TOP_K` is this `DEFAULT_TOP_K`).
 # classes each prediction lists.
 DEFAULT_DIRECTORY = "saved_models"
 DEFAULT_TOP_K = 5
-EXPORT_FORMATS = ("saved_model", "onnx", "all")  # the first is the default
-# What installs ONNX export and the onnxruntime server.
+EXPORT_FORMATS = ("saved_model", "onnx", "litert", "all")  # the first is the default
+# What installs ONNX export and the onnxruntime server; what installs LiteRT's interpreter.
 ONNX_EXTRA = 'pip install "keras-preact[onnx]"'
+LITERT_EXTRA = 'pip install "keras-preact[litert]"'
 # serve: TF Serving's REST port, the most instances one request may hold, the most
 # :predict requests in flight at once (past it: 503), and the seconds a request has to
 # arrive whole (past it: 408).

@@ -13,6 +13,11 @@ the training config and the final test error.
 By default the exported graph is the network with its BatchNorms folded into the
 convolutions before them (`keras_preact.fold_batch_norms`): the same outputs to float32
 rounding, fewer operations per image. `fold_batch_norms=False` exports it as it trains.
+
+Beside the SavedModel (or instead of it, `formats`), the pixel signatures go out as ONNX
+models (`export_onnx`, int8 ones beside them: `keras_preact_training.onnx_quantization`) and
+`predict_pixels` as LiteRT models (`keras_preact_training.litert`), each precision recorded in
+metadata.json with its file and SHA-256 (`contract.PRECISIONS`).
 """
 
 import dataclasses
@@ -31,13 +36,20 @@ import tensorflow as tf
 import keras_preact
 from keras_preact import checksums, pretrained
 
-from . import configs, contract, data, files, input_tensorflow, recipe
-from .contract import MODEL_NAME, Preprocessing, versions
+from . import calibration, configs, contract, data, files, input_tensorflow, litert, recipe
+from .contract import MODEL_NAME, PRECISIONS, Preprocessing, versions
 from .defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS, ONNX_EXTRA
 
-# What `--format` writes into a version folder: the SavedModel, ONNX models, or both.
-FORMATS = {"saved_model": ("saved_model",), "onnx": ("onnx",), "all": ("saved_model", "onnx")}
+# What `--format` writes into a version folder: the SavedModel, ONNX models, LiteRT models, or all.
+FORMATS = {
+    "saved_model": ("saved_model",),
+    "onnx": ("onnx",),
+    "litert": ("litert",),
+    "all": ("saved_model", "onnx", "litert"),
+}
 assert tuple(FORMATS) == EXPORT_FORMATS
+# What each format's files are called in messages.
+FORMAT_NAMES = {"saved_model": "a SavedModel", "onnx": "ONNX", "litert": "LiteRT"}
 # The largest difference of logits, relative to their largest magnitude, between an
 # exported ONNX model under onnxruntime and the network: float32 rounding only.
 ONNX_TOLERANCE = 1e-4
@@ -116,6 +128,8 @@ def export_saved_model(
     normalization=None,
     formats=("saved_model",),
     fold_batch_norms=True,
+    precisions=("float32",),
+    calibration_images=None,
     verbose=True,
 ):
     """Writes `network` as the SavedModel `<directory>/<version>/` and its metadata.
@@ -133,11 +147,19 @@ def export_saved_model(
             test error, ...).
         normalization: the training model's own normalisation layer, if there is one;
             default: a new one from `preprocessing`.
-        formats: what to write: "saved_model" and/or "onnx" (`export_onnx`: the pixel
-            signatures as ONNX models under `<version>/onnx/`, checked with onnxruntime).
+        formats: what to write: "saved_model", "onnx" (`export_onnx`: the pixel
+            signatures as ONNX models under `<version>/onnx/`, checked with onnxruntime)
+            and/or "litert" (`predict_pixels` as LiteRT models under `<version>/litert/`,
+            checked with LiteRT's interpreter).
         fold_batch_norms: export the network with its BatchNorms folded into the
-            convolutions before them (`keras_preact.fold_batch_norms`), in both formats,
+            convolutions before them (`keras_preact.fold_batch_norms`), in every format,
             where its layers form a chain (every keras-preact network).
+        precisions: "float32" and the quantized precisions to write beside it, each in the
+            formats that offer it (`contract.PRECISIONS`): "float16" (LiteRT) and "int8"
+            (ONNX and LiteRT). Each must be offered by one of `formats`.
+        calibration_images: for int8, the images that calibrate it: files, folders of them,
+            or uint8 pixels [count, H, W, C], of the network's size
+            (`keras_preact_training.calibration`); a few hundred training images.
         verbose: print where the model went and how long it took.
 
     Returns:
@@ -145,8 +167,10 @@ def export_saved_model(
 
     Raises:
         ValueError: for class names that do not match the classifier, a bad version or
-            top_k, or an input shape that is not the preprocessing's.
+            top_k, an input shape that is not the preprocessing's, a precision none of
+            `formats` offers, or int8 without calibration images of the network's size.
         FileExistsError: if the version exists (TF Serving may be serving it).
+        ImportError: naming the extra, where a format's packages are missing.
     """
     started = time.perf_counter()
     class_names = [str(name) for name in class_names]
@@ -163,10 +187,14 @@ def export_saved_model(
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer. Received: top_k={top_k!r}")
     formats = tuple(formats)
-    if not formats or not set(formats) <= {"saved_model", "onnx"}:
-        raise ValueError(f"formats must name 'saved_model' and/or 'onnx'. Received: formats={formats!r}")
+    if not formats or not set(formats) <= set(PRECISIONS):
+        raise ValueError(f"formats must name some of {list(PRECISIONS)}. Received: formats={formats!r}")
+    written = checked_precisions(formats, precisions)
     if "onnx" in formats:
         require_onnx()
+    if "litert" in formats:
+        litert.require_litert()
+    pixels = calibration.calibration_pixels(calibration_images, preprocessing.shape) if "int8" in precisions else None
     version = next_version(directory) if version is None else version
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ValueError(f"version must be a positive integer. Received: version={version!r}")
@@ -217,17 +245,26 @@ def export_saved_model(
         archive.add_endpoint(name, functions[name], [input_spec(signature, preprocessing.shape)])
 
     # Written beside the final folder and renamed: TF Serving, polling `directory`, never
-    # sees a half-written version.
+    # sees a half-written version, and a failed export leaves nothing behind.
     partial = os.path.join(directory, f".partial-{version}")
     files.make_directory(directory, "model folder")
     shutil.rmtree(partial, ignore_errors=True)
-    if "saved_model" in formats:
-        archive.write_out(partial, verbose=False)
-    else:
-        os.makedirs(partial)
-    onnx_files = (
-        export_onnx(trained, partial, preprocessing, normalization, fold_batch_norms) if "onnx" in formats else {}
-    )
+    try:
+        described_files = write_version(
+            partial,
+            archive,
+            trained,
+            network,
+            preprocessing,
+            normalization,
+            fold_batch_norms,
+            formats,
+            written,
+            pixels,
+        )
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     description = dict(
         name=os.path.basename(os.path.normpath(directory)),
         version=version,
@@ -240,34 +277,102 @@ def export_saved_model(
         formats=list(formats),
         folded_batch_norms=getattr(network, "folded_batch_norms", 0),
         exported=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        versions=dict(keras=keras.__version__, tensorflow=tf.__version__, **onnx_versions(formats)),
-        **(
-            dict(
-                onnx=dict(
-                    files=onnx_files,
-                    outputs=list(contract.ONNX_OUTPUTS),
-                    sha256={
-                        signature: checksums.sha256(os.path.join(partial, file))
-                        for signature, file in onnx_files.items()
-                    },
-                )
-            )
-            if onnx_files
-            else {}
-        ),
+        versions=dict(keras=keras.__version__, tensorflow=tf.__version__, **export_versions(formats)),
+        **described_files,
         **(metadata or {}),
     )
-    with open(os.path.join(partial, contract.METADATA_FILE), "w") as file:
-        json.dump(description, file, indent=2)
-    os.rename(partial, path)
+    try:
+        with open(os.path.join(partial, contract.METADATA_FILE), "w") as file:
+            json.dump(description, file, indent=2)
+        os.rename(partial, path)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     if verbose:
-        written = " and ".join({"saved_model": "a SavedModel", "onnx": "ONNX"}[kind] for kind in formats)
+        kinds = [
+            FORMAT_NAMES[kind] + (f" ({', '.join(written[kind])})" if len(written[kind]) > 1 else "")
+            for kind in formats
+        ]
+        kinds = " and ".join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)
         folded = f", {description['folded_batch_norms']} BatchNorms folded" if description["folded_batch_norms"] else ""
         print(
-            f"Exported {network.name} to {path} ({written}{folded}) in {time.perf_counter() - started:.1f} s "
+            f"Exported {network.name} to {path} ({kinds}{folded}) in {time.perf_counter() - started:.1f} s "
             f"({directory_megabytes(path):.1f} MB)."
         )
     return path
+
+
+def checked_precisions(formats, precisions):
+    """{format: the precisions written in it} for `precisions` (float32 always among them).
+
+    Raises:
+        ValueError: for an unknown precision, or a quantized one that none of `formats` offers.
+    """
+    precisions = tuple(precisions)
+    known = sorted({precision for offered in PRECISIONS.values() for precision in offered})
+    if not set(precisions) <= set(known):
+        raise ValueError(f"precisions must be some of {known}. Received: precisions={precisions!r}")
+    for precision in precisions:
+        if not any(precision in PRECISIONS[kind] for kind in formats):
+            offered = "; ".join(f"{kind}: {', '.join(PRECISIONS[kind])}" for kind in formats)
+            where = [kind for kind in PRECISIONS if precision in PRECISIONS[kind]]
+            raise ValueError(
+                f"No format exported offers {precision} ({offered}); {precision} is written for "
+                f"{' and '.join(where)} (--format {where[0]} or all). Received: precision {precision!r}"
+            )
+    return {
+        kind: tuple(precision for precision in PRECISIONS[kind] if precision == "float32" or precision in precisions)
+        for kind in formats
+    }
+
+
+def write_version(
+    partial, archive, trained, network, preprocessing, normalization, fold_batch_norms, formats, written, pixels
+):
+    """Writes every format of one version into the folder `partial`; returns what
+    metadata.json records of the ONNX and LiteRT files (`contract.onnx_models`)."""
+    if "saved_model" in formats:
+        archive.write_out(partial, verbose=False)
+    else:
+        os.makedirs(partial)
+    if not {"onnx", "litert"} & set(formats):
+        return {}
+    # tf2onnx has no ONNX, and LiteRT no builtin operation, for the TensorLists of a
+    # `keras.ops.scan` loop: units in loops (`scan_units`) are written as the same units, one
+    # layer each, with the same weights.
+    separated = inference_network(keras_preact.separate_units(trained), fold_batch_norms)
+    described = {}
+    if "onnx" in formats:
+        onnx_files = export_onnx(separated, partial, preprocessing, normalization)
+        described["onnx"] = dict(
+            files=onnx_files, outputs=list(contract.ONNX_OUTPUTS), sha256=digests(partial, onnx_files)
+        )
+        if "int8" in written["onnx"]:
+            from .onnx_quantization import quantize_onnx
+
+            int8_files = quantize_onnx(
+                partial, onnx_files, pixels, lambda images: normalization(images.astype(np.float32))
+            )
+            described["onnx"]["quantized"] = dict(
+                int8=dict(files=int8_files, sha256=digests(partial, int8_files), calibration_images=len(pixels))
+            )
+    if "litert" in formats:
+        pixel_model = SignatureModel(separated, *normalization_constants(normalization))
+        litert_files = litert.export_litert(pixel_model, partial, preprocessing.shape, written["litert"], pixels)
+        described["litert"] = dict(
+            signature=contract.LITERT_SIGNATURE,
+            input=contract.SIGNATURES[contract.LITERT_SIGNATURE].describe(preprocessing.shape),
+            output=contract.LITERT_OUTPUT,
+            files=litert_files,
+            sha256=digests(partial, litert_files),
+            **(dict(calibration_images=len(pixels)) if "int8" in litert_files else {}),
+        )
+    return described
+
+
+def digests(path, relative_files):
+    """{key: SHA-256} of files relative to `path`."""
+    return {key: checksums.sha256(os.path.join(path, file)) for key, file in relative_files.items()}
 
 
 def input_spec(signature, image_shape):
@@ -293,19 +398,32 @@ def require_onnx():
             raise ImportError(f"ONNX export needs the onnx extra ({module} is not installed): {ONNX_EXTRA}") from None
 
 
-def onnx_versions(formats):
-    if "onnx" not in formats:
-        return {}
-    import onnx
-    import onnxruntime
-    import tf2onnx
+def export_versions(formats):
+    """The versions of the packages that wrote and checked `formats`' files."""
+    versions = {}
+    if "onnx" in formats:
+        import onnx
+        import onnxruntime
+        import tf2onnx
 
-    return dict(onnx=onnx.__version__, tf2onnx=tf2onnx.__version__, onnxruntime=onnxruntime.__version__)
+        versions.update(onnx=onnx.__version__, tf2onnx=tf2onnx.__version__, onnxruntime=onnxruntime.__version__)
+    if "litert" in formats:
+        from importlib.metadata import version
+
+        versions["ai_edge_litert"] = version("ai-edge-litert")
+    return versions
 
 
-class OnnxExportModel(keras.Model):
-    """One pixel signature of the SavedModel as a Keras model, for ONNX export: pixels
-    (uint8, normalised inside the graph) or normalised images (float32) to logits,
+def normalization_constants(normalization):
+    """The mean and variance of a `keras.layers.Normalization`, as float32 NumPy arrays."""
+    return (
+        keras.ops.convert_to_numpy(value).astype(np.float32) for value in (normalization.mean, normalization.variance)
+    )
+
+
+class SignatureModel(keras.Model):
+    """One array signature of the SavedModel as a Keras model, for ONNX and LiteRT export:
+    pixels (uint8, normalised inside the graph) or normalised images (float32) to logits,
     probabilities and class ids. The normalisation is `keras.layers.Normalization`'s
     own formula over its mean and variance as constants of the graph."""
 
@@ -324,30 +442,24 @@ class OnnxExportModel(keras.Model):
         return dict(logits=logits, probabilities=tf.nn.softmax(logits), class_ids=tf.argmax(logits, axis=-1))
 
 
-def export_onnx(network, path, preprocessing, normalization, fold_batch_norms=True):
-    """Writes `<path>/onnx/<signature>.onnx` for the image-array signatures (`contract.ONNX_MODELS`) with
-    Keras' ONNX export (tf2onnx), then runs each with onnxruntime on random pixels against
-    the network: a model whose logits differ by more than ONNX_TOLERANCE is an error.
-    Units in loops are written as separate units (ONNX has no equivalent of the loop),
-    with their BatchNorms folded if `fold_batch_norms`.
+def export_onnx(network, path, preprocessing, normalization):
+    """Writes `<path>/onnx/<signature>.onnx` for the image-array signatures (`contract.ONNX_MODELS`) of
+    `network` (units in loops separated: `write_version`) with Keras' ONNX export (tf2onnx), then
+    runs each with onnxruntime on random pixels against the network: a model whose logits
+    differ by more than ONNX_TOLERANCE is an error.
 
     Returns:
         {signature: file path relative to `path`}.
     """
     import onnxruntime
 
-    # tf2onnx has no ONNX for the TensorLists of a `keras.ops.scan` loop: units in loops
-    # (`scan_units`) are exported as the same units, one layer each, with the same weights.
-    network = inference_network(keras_preact.separate_units(network), fold_batch_norms)
-    mean, variance = (
-        keras.ops.convert_to_numpy(value).astype(np.float32) for value in (normalization.mean, normalization.variance)
-    )
+    mean, variance = normalization_constants(normalization)
     pixels = np.random.default_rng(0).integers(0, 256, size=(4, *preprocessing.shape)).astype(np.uint8)
     os.makedirs(os.path.join(path, contract.ONNX_DIRECTORY), exist_ok=True)
     files = {}
     for signature in (contract.SIGNATURES[name] for name in contract.ONNX_MODELS):
         pixel_input = signature.dtype == "uint8"  # normalised inside the graph
-        model = OnnxExportModel(network, mean, variance) if pixel_input else OnnxExportModel(network)
+        model = SignatureModel(network, mean, variance) if pixel_input else SignatureModel(network)
         inputs = pixels if pixel_input else keras.ops.convert_to_numpy(normalization(pixels.astype(np.float32)))
         expected = keras.ops.convert_to_numpy(model(inputs)["logits"])  # Keras exports called models only
         files[signature.name] = contract.onnx_file(signature.name)
@@ -391,12 +503,14 @@ def export_run(
     verbose=True,
     formats=("saved_model",),
     fold_batch_norms=True,
+    precisions=("float32",),
+    calibration_images=None,
 ):
     """Exports the model a `keras-preact train` run saved, with its run's facts.
 
     The run's `model.keras` is the training model (augmentation, normalisation, network);
     its normalisation layer and network are exported. The name defaults to
-    "<dataset>_<model>".
+    "<dataset>_<model>"; formats, precisions and calibration images as `export_saved_model`'s.
 
     Raises:
         FileNotFoundError: if `run_dir` has no finished run (model.keras, summary.json).
@@ -438,6 +552,8 @@ def export_run(
         normalization=training_model.get_layer("normalization"),
         formats=formats,
         fold_batch_norms=fold_batch_norms,
+        precisions=precisions,
+        calibration_images=calibration_images,
         verbose=verbose,
     )
 
@@ -452,10 +568,13 @@ def export_shipped(
     verbose=True,
     formats=("saved_model",),
     fold_batch_norms=True,
+    precisions=("float32",),
+    calibration_images=None,
 ):
     """Exports a network with keras-preact's shipped weights (`keras_preact.pretrained`),
     normalised with its data set's statistics, with the registry's facts in its metadata.
-    The name defaults to "<dataset>_<model>", as a run's.
+    The name defaults to "<dataset>_<model>", as a run's; formats, precisions and
+    calibration images as `export_saved_model`'s.
 
     Raises:
         ValueError: for a network that has no weights for `dataset` (the message lists
@@ -485,6 +604,8 @@ def export_shipped(
         metadata=metadata,
         formats=formats,
         fold_batch_norms=fold_batch_norms,
+        precisions=precisions,
+        calibration_images=calibration_images,
         verbose=verbose,
     )
 

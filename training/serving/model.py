@@ -27,15 +27,25 @@ class ModelServer:
         max_batch: the most instances one request may hold.
         runtime: "tensorflow" (the SavedModel) or "onnxruntime" (the ONNX models of
             `export --format onnx|all`); both answer the same signatures (`contract`).
+        precision: the ONNX models served, "float32" or "int8" (`export --quantize int8`);
+            the SavedModel is float32 only.
     """
 
-    def __init__(self, directory, max_batch=DEFAULT_MAX_BATCH, runtime="tensorflow"):
+    def __init__(self, directory, max_batch=DEFAULT_MAX_BATCH, runtime="tensorflow", precision="float32"):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive integer. Received: max_batch={max_batch!r}")
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {list(RUNTIMES)}. Received: runtime={runtime!r}")
+        offered = contract.PRECISIONS[RUNTIME_FILES[runtime]]
+        if precision not in offered:
+            raise ValueError(
+                f"The {runtime} runtime serves {' and '.join(offered)} models ({precision} ONNX models are served by "
+                f"--runtime onnxruntime). Received: precision={precision!r}"
+                if precision in contract.PRECISIONS["onnx"]
+                else f"precision must be one of {list(contract.PRECISIONS['onnx'])}. Received: precision={precision!r}"
+            )
         self.name = served_name(directory)
-        self.path = contract.latest_version(directory, RUNTIME_FILES[runtime])
+        self.path = contract.latest_version(directory, RUNTIME_FILES[runtime], precision)
         self.version = int(os.path.basename(self.path))
         self.max_batch = max_batch
         self.metadata = contract.read_metadata(self.path)
@@ -51,7 +61,9 @@ class ModelServer:
             ) from None
         module, name = RUNTIMES[runtime].split(":")
         runtime_class = getattr(importlib.import_module(f"{__package__}.{module}"), name)
-        self.runtime = runtime_class(self.path, self.metadata, self.preprocessing, self.class_names, self.top_k)
+        self.runtime = runtime_class(
+            self.path, self.metadata, self.preprocessing, self.class_names, self.top_k, precision
+        )
 
     def status(self):
         return {

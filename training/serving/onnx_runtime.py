@@ -21,16 +21,17 @@ from .requests import UNDECODABLE, BadRequest
 
 
 class OnnxRuntime:
-    """A version folder's ONNX models, each file checked first: its SHA-256 against the one
-    metadata.json recorded at export, then its input and outputs against the signature's
-    and the class names. Runs on as many threads as the machine has cores (onnxruntime's
-    default).
+    """A version folder's ONNX models in one precision, each file checked first: its SHA-256
+    against the one metadata.json recorded at export, then its input and outputs against the
+    signature's and the class names. Runs on as many threads as the machine has cores
+    (onnxruntime's default).
 
     Args:
         path: the version folder (`saved_models/<name>/<version>`).
         metadata: its metadata.json, as read.
         preprocessing: the `contract.Preprocessing` it records.
         class_names, top_k: the classes the outputs name, and how many each answer lists.
+        precision: "float32", or "int8" (the models `export --quantize int8` writes beside them).
 
     Raises:
         ValueError: naming the file, for a missing, empty, truncated, altered or swapped
@@ -38,23 +39,25 @@ class OnnxRuntime:
         ImportError: where onnxruntime is not installed.
     """
 
-    name = "onnxruntime"
-
-    def __init__(self, path, metadata, preprocessing, class_names, top_k):
+    def __init__(self, path, metadata, preprocessing, class_names, top_k, precision="float32"):
         try:
             import onnxruntime
         except ImportError:
             raise ImportError(f"--runtime onnxruntime needs the onnx extra: {ONNX_EXTRA}") from None
         metadata_path = os.path.join(path, contract.METADATA_FILE)
+        self.name = "onnxruntime" if precision == "float32" else f"onnxruntime, {precision}"
         try:
-            files, digests = metadata["onnx"]["files"], metadata["onnx"].get("sha256", {})
+            described = contract.onnx_models(metadata, precision)
+            files, digests = described["files"], described.get("sha256", {})
             missing = sorted(set(contract.ONNX_MODELS) - set(files))
             if missing:
                 raise KeyError(f"onnx.files.{missing[0]}")
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(
-                f"{metadata_path} does not describe the ONNX models ({type(error).__name__}: {error}): "
-                "export the model again with --format onnx (or all)."
+                f"{metadata_path} does not describe the {precision} ONNX models ({type(error).__name__}: {error}): "
+                "export the model again with --format onnx (or all)"
+                + (f" --quantize {precision} --calibration-images ..." if precision != "float32" else "")
+                + "."
             ) from None
         self.sessions = {}
         for signature in contract.ONNX_MODELS:

@@ -33,11 +33,13 @@ def serve(
     request_timeout=DEFAULT_REQUEST_TIMEOUT,
     batching=True,
     runtime="auto",
+    precision="float32",
 ):
     """Serves the highest version of `directory` until interrupted (Ctrl-C or SIGTERM).
 
     `runtime` "auto" serves with onnxruntime where the highest version has ONNX models
-    and onnxruntime is installed (faster: see docs/serving.md), with TensorFlow otherwise."""
+    and onnxruntime is installed (faster: see docs/serving.md), with TensorFlow otherwise;
+    `precision` "int8" serves the int8 ONNX models (`export --quantize int8`), with onnxruntime."""
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an integer from 0 (any free port) to 65535. Received: port={port!r}")
     if not isinstance(max_in_flight, int) or max_in_flight < 1:
@@ -46,7 +48,11 @@ def serve(
         raise ValueError(
             f"request_timeout must be a positive number of seconds. Received: request_timeout={request_timeout!r}"
         )
-    model = auto_model(directory, max_batch) if runtime == "auto" else ModelServer(directory, max_batch, runtime)
+    if runtime == "auto" and precision != "float32":
+        runtime = "onnxruntime"
+    model = (
+        auto_model(directory, max_batch) if runtime == "auto" else ModelServer(directory, max_batch, runtime, precision)
+    )
     listening = listening_socket(host, port)  # clients queue from here on, while uvicorn starts
     connections = Connections(request_timeout)
     config = uvicorn.Config(
@@ -108,10 +114,10 @@ def auto_model(directory, max_batch=DEFAULT_MAX_BATCH):
     return ModelServer(directory, max_batch, "tensorflow")
 
 
-def serves_onnx(directory, runtime):
-    """Whether `serve(directory, runtime=runtime)` starts with onnxruntime (TensorFlow is then
-    imported only if the ONNX models cannot be served and "auto" falls back)."""
-    return runtime == "onnxruntime" or (runtime == "auto" and onnx_servable(directory))
+def serves_onnx(directory, runtime, precision="float32"):
+    """Whether `serve(directory, runtime=runtime, precision=precision)` starts with onnxruntime
+    (TensorFlow is then imported only if the ONNX models cannot be served and "auto" falls back)."""
+    return runtime == "onnxruntime" or (runtime == "auto" and (precision != "float32" or onnx_servable(directory)))
 
 
 def onnx_servable(directory):

@@ -18,6 +18,7 @@ class TensorFlowRuntime:
         metadata: its metadata.json, as read (unused here: every runtime takes the same arguments).
         preprocessing: the `contract.Preprocessing` it records.
         class_names, top_k: the classes the outputs name, and how many each answer lists.
+        precision: "float32", the SavedModel's only one (`ModelServer` checks it).
 
     Raises:
         ValueError: for a SavedModel that does not load, or whose signatures are not the
@@ -26,7 +27,7 @@ class TensorFlowRuntime:
 
     name = "tensorflow"
 
-    def __init__(self, path, metadata, preprocessing, class_names, top_k):
+    def __init__(self, path, metadata, preprocessing, class_names, top_k, precision="float32"):
         try:
             self.loaded = tf.saved_model.load(path)
         except Exception as error:

@@ -1,0 +1,357 @@
+"""`export --quantize float16 int8`: the shipped ResNet-20 in every precision, calibrated on
+CIFAR-10 training JPEGs, against the network on test JPEGs; int8 ONNX served by onnxruntime
+(`serve --precision int8`) with the checks of every served file; the errors of each input."""
+
+import base64
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import keras_preact
+from keras_preact import pretrained
+from keras_preact_training import calibration, cli, contract, export, input_tensorflow, litert
+from keras_preact_training.serving import images
+from keras_preact_training.serving.model import ModelServer
+from tests.test_export import CIFAR, CIFAR_CLASSES, random_pixels
+
+onnxruntime = pytest.importorskip(
+    "onnxruntime", reason='the onnx extra is not installed: pip install "keras-preact[onnx]"'
+)
+pytest.importorskip(
+    "ai_edge_litert", reason='LiteRT\'s interpreter is not installed: pip install "keras-preact[litert]"'
+)
+pytestmark = pytest.mark.tensorflow
+
+CALIBRATION_PER_CLASS, TEST_PER_CLASS = 20, 100
+
+
+def first_files(folder, per_class):
+    return [
+        os.path.join(folder, name, file)
+        for name in CIFAR_CLASSES
+        for file in sorted(os.listdir(os.path.join(folder, name)))[:per_class]
+    ]
+
+
+@pytest.fixture(scope="module")
+def quantized(cifar_folder, tmp_path_factory):
+    """The shipped ResNet-20 as ONNX and LiteRT in every precision, calibrated on 200 training JPEGs."""
+    output = tmp_path_factory.mktemp("quantized")
+    return export.export_shipped(
+        "resnet20",
+        output=str(output),
+        formats=("onnx", "litert"),
+        precisions=("float32", "float16", "int8"),
+        calibration_images=first_files(os.path.join(cifar_folder, "train"), CALIBRATION_PER_CLASS),
+        verbose=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def test_jpegs(cifar_folder):
+    """(the encoded bytes, their pixels as training decodes them, labels) of 1,000 test JPEGs."""
+    files = first_files(os.path.join(cifar_folder, "test"), TEST_PER_CLASS)
+    encoded = [open(file, "rb").read() for file in files]
+    pixels = np.stack([input_tensorflow.decode_image(image, 3).numpy() for image in encoded])
+    return encoded, pixels, np.repeat(np.arange(10), TEST_PER_CLASS)
+
+
+def test_every_precision_is_recorded_with_its_file_and_hash(quantized):
+    metadata = contract.read_metadata(quantized)
+    assert metadata["formats"] == ["onnx", "litert"]
+    int8 = contract.onnx_models(metadata, "int8")
+    assert int8["files"] == {
+        "predict_pixels": "onnx/predict_pixels.int8.onnx",
+        "predict_normalized": "onnx/predict_normalized.int8.onnx",
+    }
+    assert int8["calibration_images"] == 10 * CALIBRATION_PER_CLASS
+    assert metadata["litert"]["files"] == {
+        precision: f"litert/predict_pixels.{precision}.tflite" for precision in ("float32", "float16", "int8")
+    }
+    assert metadata["litert"]["calibration_images"] == 10 * CALIBRATION_PER_CLASS
+    for described in (contract.onnx_models(metadata), int8, metadata["litert"]):
+        for key, file in described["files"].items():
+            assert described["sha256"][key] == pretrained.sha256(os.path.join(quantized, file))
+    sizes = {
+        precision: os.path.getsize(os.path.join(quantized, file))
+        for precision, file in metadata["litert"]["files"].items()
+    }
+    # Half and about a quarter of float32: the weights in 2 and 1 bytes, the graph the same.
+    assert 0.45 < sizes["float16"] / sizes["float32"] < 0.55 and sizes["int8"] / sizes["float32"] < 0.35
+    onnx_sizes = [
+        os.path.getsize(os.path.join(quantized, described["files"]["predict_pixels"]))
+        for described in (contract.onnx_models(metadata), int8)
+    ]
+    assert onnx_sizes[1] / onnx_sizes[0] < 0.4
+
+
+def test_each_precision_answers_as_the_network_on_cifar_test_jpegs(quantized, test_jpegs):
+    """On 1,000 test JPEGs the float32 models give the network's probabilities to float32
+    rounding; float16 weights move them by at most 1e-2 (5.5e-3 measured on the 10,000) and
+    change no class but a rare tie; int8 changes about 1 % of the classes and not the error
+    (measured on the 10,000 test JPEGs: docs/benchmarks.md)."""
+    _, pixels, labels = test_jpegs
+    network = keras_preact.get_model("resnet20", weights="cifar10", include_preprocessing=True)
+    expected = network.predict(pixels, verbose=0)
+    metadata = contract.read_metadata(quantized)
+
+    def onnx(precision):
+        file = contract.onnx_models(metadata, precision)["files"]["predict_pixels"]
+        session = onnxruntime.InferenceSession(os.path.join(quantized, file), providers=["CPUExecutionProvider"])
+        return session.run(["probabilities"], {"pixels": pixels})[0]
+
+    def lite(precision):
+        return litert.LiteRTModel(os.path.join(quantized, metadata["litert"]["files"][precision]))(pixels)
+
+    received = {
+        "ONNX float32": onnx("float32"),
+        "ONNX int8": onnx("int8"),
+        **{f"LiteRT {precision}": lite(precision) for precision in ("float32", "float16", "int8")},
+    }
+    for name in ("ONNX float32", "LiteRT float32"):
+        np.testing.assert_allclose(received[name], expected, atol=1e-4, err_msg=name)
+    assert np.abs(received["LiteRT float16"] - expected).max() <= 1e-2
+    assert (received["LiteRT float16"].argmax(-1) == expected.argmax(-1)).mean() >= 0.995
+    error = (expected.argmax(-1) != labels).mean()
+    for name in ("ONNX int8", "LiteRT int8"):
+        assert (received[name].argmax(-1) == expected.argmax(-1)).mean() >= 0.97, name
+        assert abs((received[name].argmax(-1) != labels).mean() - error) <= 0.01, name
+
+
+def predictions(model, encoded):
+    body = json.dumps({"instances": [{"b64": base64.b64encode(image).decode()} for image in encoded]}).encode()
+    return model.predict(body)["predictions"]
+
+
+def test_onnxruntime_serves_the_int8_models_when_asked(quantized, test_jpegs):
+    encoded = test_jpegs[0][::10]  # 100 JPEGs, 10 a class
+    directory = os.path.dirname(quantized)
+    servers = {
+        precision: ModelServer(directory, max_batch=100, runtime="onnxruntime", precision=precision)
+        for precision in ("float32", "int8")
+    }
+    assert servers["int8"].runtime.name == "onnxruntime, int8"
+    int8, float32 = (predictions(servers[precision], encoded) for precision in ("int8", "float32"))
+    assert sum(a["classes"][0] == b["classes"][0] for a, b in zip(int8, float32, strict=True)) >= 95
+    # The int8 model of the served signature (`serving_default`: decoded, then `predict_normalized`) answered.
+    file = contract.onnx_models(servers["int8"].metadata, "int8")["files"]["predict_normalized"]
+    session = onnxruntime.InferenceSession(os.path.join(quantized, file), providers=["CPUExecutionProvider"])
+    normalized = images.preprocess(encoded, servers["int8"].preprocessing)
+    expected = session.run(["probabilities"], {"normalized": normalized})[0]
+    np.testing.assert_allclose([answer["probabilities"] for answer in int8], expected, atol=1e-6)
+    for answer in int8:
+        assert (
+            abs(sum(answer["probabilities"]) - 1) < 0.02 and answer["classes"][0] == CIFAR_CLASSES[answer["class_ids"]]
+        )
+
+
+def damaged_copy(quantized, tmp_path, change):
+    directory = tmp_path / "cifar10_resnet20"
+    shutil.copytree(os.path.dirname(quantized), directory)
+    change(directory / os.path.basename(quantized))
+    return directory
+
+
+def swap_int8_files(version):
+    pixels, normalized = (version / "onnx" / f"{name}.int8.onnx" for name in ("predict_pixels", "predict_normalized"))
+    content = pixels.read_bytes()
+    pixels.write_bytes(normalized.read_bytes())
+    normalized.write_bytes(content)
+
+
+def without_int8_hashes(version):
+    metadata = json.loads((version / "metadata.json").read_text())
+    metadata["onnx"]["quantized"]["int8"].pop("sha256")
+    (version / "metadata.json").write_text(json.dumps(metadata))
+
+
+INT8 = "{version}/onnx/predict_pixels.int8.onnx"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda version: (version / "onnx" / "predict_pixels.int8.onnx").write_bytes(b"altered"),
+            f"The ONNX model {INT8} is not the one exported with {{version}}/metadata.json: its SHA-256 differs",
+        ),
+        (
+            lambda version: (swap_int8_files(version), without_int8_hashes(version)),
+            f"The ONNX model {INT8} takes [('normalized', 'tensor(float)', [None, 32, 32, 3])], where its signature "
+            "takes [('pixels', 'tensor(uint8)', [None, 32, 32, 3])]: the file belongs to another signature or model.",
+        ),
+        (
+            lambda version: (
+                without_int8_hashes(version),
+                (version / "onnx" / "predict_pixels.int8.onnx").write_bytes(
+                    (version / "onnx" / "predict_pixels.int8.onnx").read_bytes()[:5000]
+                ),
+            ),
+            f"Could not load the ONNX model {INT8} (missing, empty, truncated or corrupt: export it again): ",
+        ),
+        (
+            lambda version: (version / "metadata.json").write_text(
+                json.dumps(
+                    {
+                        **json.loads((version / "metadata.json").read_text()),
+                        "onnx": {
+                            **json.loads((version / "metadata.json").read_text())["onnx"],
+                            "quantized": {},
+                        },
+                    }
+                )
+            ),
+            "{version}/metadata.json does not describe the int8 ONNX models (KeyError: 'int8'): export the model "
+            "again with --format onnx (or all) --quantize int8 --calibration-images ....",
+        ),
+    ],
+    ids=["altered", "swapped, no hashes", "truncated, no hashes", "not in metadata.json"],
+)
+def test_the_int8_files_are_checked_at_start(quantized, tmp_path, change, message):
+    directory = damaged_copy(quantized, tmp_path, change)
+    with pytest.raises(ValueError) as error:
+        ModelServer(str(directory), runtime="onnxruntime", precision="int8")
+    version = directory / os.path.basename(quantized)
+    assert str(error.value).startswith(message.format(version=version)), str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_a_precision_the_runtime_or_the_folder_lacks_is_refused(quantized, tmp_path):
+    directory = os.path.dirname(quantized)
+    with pytest.raises(
+        ValueError,
+        match=r"^The tensorflow runtime serves float32 models \(int8 ONNX models are served by --runtime "
+        r"onnxruntime\)\. Received: precision='int8'$",
+    ):
+        ModelServer(directory, runtime="tensorflow", precision="int8")
+    with pytest.raises(
+        ValueError, match=r"^precision must be one of \['float32', 'int8'\]\. Received: precision='float16'$"
+    ):
+        ModelServer(directory, runtime="onnxruntime", precision="float16")
+    plain = tmp_path / "plain"
+    export.export_saved_model(
+        keras_preact.ResNet20(input_shape=CIFAR.shape, classes=10),
+        str(plain),
+        CIFAR_CLASSES,
+        CIFAR,
+        formats=("onnx",),
+        verbose=False,
+    )
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"^No version folder with int8 ONNX models \(<directory>/<number>/onnx/predict_normalized\.int8\.onnx\) "
+        r"in .*plain\. Export one with `keras-preact export --format onnx \(or all\) --quantize int8 "
+        r"--calibration-images \.\.\.`\.",
+    ):
+        ModelServer(str(plain), runtime="onnxruntime", precision="int8")
+
+
+def write_image(path, shape):
+    Image.fromarray(random_pixels(1, CIFAR)[0][: shape[0], : shape[1], : shape[2]].squeeze()).save(path)
+    return str(path)
+
+
+def test_calibration_images_are_checked(tmp_path):
+    good = write_image(tmp_path / "good.png", (32, 32, 3))
+    np.testing.assert_array_equal(
+        calibration.calibration_pixels([good, str(tmp_path)], CIFAR.shape),
+        np.stack([np.array(Image.open(good))] * 2),  # the file, then the folder's one image
+    )
+    small = write_image(tmp_path / "small.png", (16, 16, 3))
+    grey = write_image(tmp_path / "grey.png", (32, 32, 1))
+    (tmp_path / "text.jpg").write_text("not an image")
+    cases = [
+        (None, r"^int8 export needs calibration images: name a few hundred training images"),
+        ([], r"^int8 export needs calibration images: .* Received: no images$"),
+        (
+            [small],
+            r"^Calibration images must be 32x32 with 3 channels, .* Received: .*small\.png, 16x16 with 3 channels$",
+        ),
+        ([grey], r"^Calibration images must be 32x32 with 3 channels, .* Received: .*grey\.png, 32x32 with 1 channel$"),
+        ([str(tmp_path / "text.jpg")], r"^The calibration image .*text\.jpg is not a JPEG, PNG, GIF or BMP image"),
+        (
+            np.zeros((4, 32, 32, 1), np.uint8),
+            r"^Calibration pixels must be an array \[count, 32, 32, 3\] .* Received: an array of shape \(4, 32, 32, 1\)$",
+        ),
+        (
+            np.full((4, 32, 32, 3), 300.0),
+            r"^Calibration pixels must be 0-255\. Received: values from 300\.0 to 300\.0$",
+        ),
+    ]
+    for given, message in cases:
+        with pytest.raises(ValueError, match=message):
+            calibration.calibration_pixels(given, CIFAR.shape)
+    with pytest.raises(FileNotFoundError, match=r"^No calibration image or folder '.*nowhere'\.$"):
+        calibration.calibration_pixels([str(tmp_path / "nowhere")], CIFAR.shape)
+
+
+@pytest.mark.parametrize(
+    "formats, precisions, message",
+    [
+        (
+            ("onnx",),
+            ("float32", "float16"),
+            r"^No format exported offers float16 \(onnx: float32, int8\); float16 is written for litert \(--format litert or all\)\. Received: precision 'float16'$",
+        ),
+        (
+            ("saved_model",),
+            ("float32", "int8"),
+            r"^No format exported offers int8 \(saved_model: float32\); int8 is written for onnx and litert \(--format onnx or all\)\. Received: precision 'int8'$",
+        ),
+        (
+            ("litert",),
+            ("int4",),
+            r"^precisions must be some of \['float16', 'float32', 'int8'\]\. Received: precisions=\('int4',\)$",
+        ),
+        (("litert",), ("float32", "int8"), r"^int8 export needs calibration images"),
+        (
+            ("tflite",),
+            ("float32",),
+            r"^formats must name some of \['saved_model', 'onnx', 'litert'\]\. Received: formats=\('tflite',\)$",
+        ),
+    ],
+    ids=["float16 to ONNX", "int8 to a SavedModel", "unknown precision", "int8 without calibration", "unknown format"],
+)
+def test_a_precision_no_format_offers_is_refused_before_anything_is_written(tmp_path, formats, precisions, message):
+    network = keras_preact.ResNet20(input_shape=CIFAR.shape, classes=10)
+    with pytest.raises(ValueError, match=message):
+        export.export_saved_model(
+            network,
+            str(tmp_path / "model"),
+            CIFAR_CLASSES,
+            CIFAR,
+            formats=formats,
+            precisions=precisions,
+            verbose=False,
+        )
+    assert not os.path.exists(tmp_path / "model")
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (
+            ["--format", "litert", "--quantize", "int8"],
+            "error: int8 export needs calibration images: name a few hundred",
+        ),
+        (
+            ["--format", "litert", "--calibration-images", "x.jpg"],
+            "error: --calibration-images calibrate int8 only: add --quantize int8. Received: --quantize (none)",
+        ),
+        (
+            ["--format", "onnx", "--quantize", "float16"],
+            "error: No format exported offers float16 (onnx: float32, int8)",
+        ),
+    ],
+)
+def test_the_export_command_says_what_is_wrong_in_one_line(tmp_path, capsys, arguments, message):
+    assert (
+        cli.main(["export", "--model", "resnet20", "--weights", "cifar10", "--output", str(tmp_path), *arguments]) == 2
+    )
+    error = capsys.readouterr().err
+    assert message in error and "Traceback" not in error
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,97 @@
+"""The images that calibrate an int8 export.
+
+Static quantization measures the range of every activation on representative inputs and
+fixes each tensor's scale from it (onnxruntime's `quantize_static`, LiteRT's
+`representative_dataset`). Those inputs are images as the network sees them: training
+images of the network's own size and channels, a few hundred of them (200-500 is usual;
+more only slows the export). They are never resized here: an image of another size would
+calibrate on pixels the network is not given.
+"""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from . import input_tensorflow
+
+# The file types read from a folder of calibration images (what TensorFlow decodes).
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+HOW = "name a few hundred training images of the network's size (files or folders: --calibration-images)"
+
+
+def calibration_pixels(images, shape):
+    """uint8 pixels [count, height, width, channels] of the calibration images.
+
+    Args:
+        images: image files and folders of them (JPEG, PNG, GIF, BMP; a folder is read
+            recursively, in sorted order), or an array of pixels [count, *shape] (0-255).
+        shape: the network's input (height, width, channels).
+
+    Raises:
+        ValueError: for no images, an image of another size or channels (named, with its
+            shape), an array of another shape or outside 0-255, or a file that does not decode.
+        FileNotFoundError: for a path that does not exist.
+    """
+    shape = tuple(shape)
+    if images is None or len(images) == 0:
+        raise ValueError(f"int8 export needs calibration images: {HOW}. Received: no images")
+    if isinstance(images, np.ndarray):
+        return checked_array(images, shape)
+    pixels = [decoded(path, shape) for path in image_files(images)]
+    if not pixels:
+        raise ValueError(f"int8 export needs calibration images: {HOW}. Received: folders without images {images!r}")
+    return np.stack(pixels)
+
+
+def checked_array(images, shape):
+    if images.ndim != 4 or images.shape[1:] != shape:
+        raise ValueError(
+            f"Calibration pixels must be an array [count, {', '.join(map(str, shape))}] (the network's input). "
+            f"Received: an array of shape {images.shape}"
+        )
+    if images.dtype != np.uint8 and (np.isnan(images).any() or images.min() < 0 or images.max() > 255):
+        raise ValueError(f"Calibration pixels must be 0-255. Received: values from {images.min()} to {images.max()}")
+    return images.astype(np.uint8)
+
+
+def image_files(paths):
+    """The image files of `paths`: files as given, folders' images recursively in sorted order."""
+    found = []
+    for path in paths:
+        if os.path.isdir(path):
+            found.extend(
+                sorted(
+                    os.path.join(root, name)
+                    for root, _, names in os.walk(path)
+                    for name in names
+                    if name.lower().endswith(IMAGE_SUFFIXES)
+                )
+            )
+        elif os.path.isfile(path):
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"No calibration image or folder {path!r}.")
+    return found
+
+
+def decoded(path, shape):
+    """One calibration image's pixels, checked to be of `shape`, decoded as training and
+    serving decode them (`input_tensorflow.decode_image`: JPEGs with the accurate DCT)."""
+    with open(path, "rb") as file:
+        encoded = file.read()
+    try:
+        image = tf.io.decode_image(encoded, expand_animations=False).numpy()
+    except tf.errors.InvalidArgumentError as error:
+        raise ValueError(
+            f"The calibration image {path} is not a JPEG, PNG, GIF or BMP image TensorFlow decodes: "
+            f"{error.message.splitlines()[0]}"
+        ) from None
+    if image.shape != shape:
+        height, width, channels = shape
+        raise ValueError(
+            f"Calibration images must be {height}x{width} with {channels} channel{'s' * (channels > 1)}, as the "
+            f"network sees them (they are not resized: {HOW}). Received: {path}, {image.shape[0]}x{image.shape[1]} "
+            f"with {image.shape[2]} channel{'s' * (image.shape[2] > 1)}"
+        )
+    return input_tensorflow.decode_image(encoded, shape[-1]).numpy()

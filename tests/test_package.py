@@ -145,6 +145,7 @@ def test_the_library_has_no_import_circle():
     assert circles == [], f"import circles: {circles}"
 
 
+@pytest.mark.commands
 @pytest.mark.parametrize("name", sorted(keras_preact._SUBMODULES))
 def test_each_module_loads_first_in_a_fresh_process(name):
     """`import keras_preact` then any of its modules, before Keras is imported: the module's

@@ -17,6 +17,7 @@ from keras_preact_training import calibration, cli, contract, export, input_tens
 from keras_preact_training.serving import images
 from keras_preact_training.serving.model import ModelServer
 from tests.test_export import CIFAR, CIFAR_CLASSES, random_pixels
+from tests.test_serving_battery import swap_onnx_files
 
 onnxruntime = pytest.importorskip(
     "onnxruntime", reason='the onnx extra is not installed: pip install "keras-preact[onnx]"'
@@ -156,13 +157,6 @@ def damaged_copy(quantized, tmp_path, change):
     return directory
 
 
-def swap_int8_files(version):
-    pixels, normalized = (version / "onnx" / f"{name}.int8.onnx" for name in ("predict_pixels", "predict_normalized"))
-    content = pixels.read_bytes()
-    pixels.write_bytes(normalized.read_bytes())
-    normalized.write_bytes(content)
-
-
 def without_int8_hashes(version):
     metadata = json.loads((version / "metadata.json").read_text())
     metadata["onnx"]["quantized"]["int8"].pop("sha256")
@@ -180,7 +174,7 @@ INT8 = "{version}/onnx/predict_pixels.int8.onnx"
             f"The ONNX model {INT8} is not the one exported with {{version}}/metadata.json: its SHA-256 differs",
         ),
         (
-            lambda version: (swap_int8_files(version), without_int8_hashes(version)),
+            lambda version: (swap_onnx_files(version, "int8"), without_int8_hashes(version)),
             f"The ONNX model {INT8} takes [('normalized', 'tensor(float)', [None, 32, 32, 3])], where its signature "
             "takes [('pixels', 'tensor(uint8)', [None, 32, 32, 3])]: the file belongs to another signature or model.",
         ),

@@ -517,8 +517,10 @@ def edit_metadata(edit):
     return change
 
 
-def swap_onnx_files(version):
-    pixels, normalized = (version / "onnx" / f"{name}.onnx" for name in ("predict_pixels", "predict_normalized"))
+def swap_onnx_files(version, precision="float32"):
+    pixels, normalized = (
+        version / contract.onnx_file(name, precision) for name in ("predict_pixels", "predict_normalized")
+    )
     content = pixels.read_bytes()
     pixels.write_bytes(normalized.read_bytes())
     normalized.write_bytes(content)

@@ -254,7 +254,6 @@ def export_saved_model(
             partial,
             archive,
             trained,
-            network,
             preprocessing,
             normalization,
             fold_batch_norms,
@@ -326,9 +325,7 @@ def checked_precisions(formats, precisions):
     }
 
 
-def write_version(
-    partial, archive, trained, network, preprocessing, normalization, fold_batch_norms, formats, written, pixels
-):
+def write_version(partial, archive, trained, preprocessing, normalization, fold_batch_norms, formats, written, pixels):
     """Writes every format of one version into the folder `partial`; returns what
     metadata.json records of the ONNX and LiteRT files (`contract.onnx_models`)."""
     if "saved_model" in formats:

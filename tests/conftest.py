@@ -29,10 +29,8 @@ SLOW_PARAMETERS = {
 
 
 # A short digits run for the commands' tests: 2 epochs of 22 steps, checkpointed every 5,
-# evaluated every 20, logged at every step.
-SHORT_DIGITS_RUN = [
-    "--config",
-    "digits_demo",
+# evaluated every 20, logged at every step (the settings, then the whole run).
+SHORT_DIGITS_SETTINGS = [
     "--set",
     "duration=2",
     "--set",
@@ -42,6 +40,7 @@ SHORT_DIGITS_RUN = [
     "--set",
     "log_every=1",
 ]
+SHORT_DIGITS_RUN = ["--config", "digits_demo", *SHORT_DIGITS_SETTINGS]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -19,25 +19,14 @@ from PIL import Image
 
 from keras_preact import blocks
 from keras_preact_training import configs, data, input_tensorflow, loop, plots
-from tests.conftest import KERAS_PREACT
+from tests.conftest import KERAS_PREACT, SHORT_DIGITS_SETTINGS
 
 pytestmark = pytest.mark.tensorflow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIGITS = configs.CONFIGS["digits_demo"]
-# A short digits run: 2 epochs of 22 steps, every event several times.
-SHORT = [
-    "--set",
-    "duration=2",
-    "--set",
-    "checkpoint_every=5",
-    "--set",
-    "evaluate_every=20",
-    "--set",
-    "log_every=1",
-    "--set",
-    "deterministic=true",
-]
+# A short digits run (every event several times), deterministic.
+SHORT = [*SHORT_DIGITS_SETTINGS, "--set", "deterministic=true"]
 
 
 def run_training(*arguments, env=None, timeout=600, backend="tensorflow"):

@@ -450,6 +450,24 @@ def test_image_folder_errors_name_the_folder_or_file(tmp_path, change, message):
     assert message.format(root=root) in str(error.value)
 
 
+@pytest.mark.parametrize("pipeline", ["tensorflow", "numpy"])
+def test_loading_one_split_decodes_only_its_files(tmp_path, pipeline):
+    root = image_folder_of(tmp_path / "images", FOLDER)
+    (root / "train" / "dog" / "1.jpg").write_bytes(b"<html>not an image</html>")
+    config = configs.CONFIGS["cifar10_paper"].override(
+        "dataset=folder", f"data_dir={root}", "image_size=8", f"input_pipeline={pipeline}"
+    )
+    test_only = data.load(config, splits=("test",))
+    assert test_only.train is None and test_only.validation is None
+    assert test_only.test.size == 2 and test_only.class_names == ["cat", "dog"]
+    with pytest.raises(ValueError, match="The train split holds files that do not decode"):
+        data.load(config, splits=("train",))
+    with pytest.raises(
+        ValueError, match=r"splits must be some of \['train', 'test'\]. Received: splits=\('validation',\)"
+    ):
+        data.load(config, splits=("validation",))
+
+
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_nan_loss_stops_cleanly(tmp_path, backend):
     result = run_training(

@@ -67,7 +67,7 @@ class DataSet:
     validation: Split = None
 
 
-def load(config):
+def load(config, splits=("train", "test")):
     """The data set of `config`, its splits cut to `train_examples` and `test_examples`.
 
     Every file of an image folder's splits is decoded once here by the config's input
@@ -75,11 +75,20 @@ def load(config):
     times are in docs/benchmarks.md, "The input pipelines"), so that a truncated or corrupt
     image is an error that names it before training, not a traceback of the pipeline.
 
+    Args:
+        config: a `keras_preact_training.configs.Config`.
+        splits: the splits read, of "train" (with its validation split) and "test"; the
+            others are `None` and their files are not decoded (evaluating the test split
+            need not decode 50,000 training images).
+
     Raises:
         FileNotFoundError: for a data directory that does not exist or has no images.
         ValueError: for an unknown data set, or an image folder with an empty class
             folder, test classes that train/ has not, or files that do not decode.
     """
+    unknown = [name for name in splits if name not in ("train", "test")]
+    if unknown or not splits:
+        raise ValueError(f"splits must be some of ['train', 'test']. Received: splits={splits!r}")
     pipeline = input_pipeline(config)
     if config.dataset in TENSORFLOW_DATASETS:
         if input_pipeline_name(config) != "tensorflow":
@@ -95,10 +104,16 @@ def load(config):
         raise ValueError(
             f"dataset must be one of {['digits', 'folder', *TENSORFLOW_DATASETS]}. Received: dataset={config.dataset!r}"
         )
-    if config.validation_examples is not None:
+    if "train" not in splits:
+        data.train = None
+    elif config.validation_examples is not None:
         data.train, data.validation = hold_out(data.train, config.validation_examples, config.seed)
-    data.train = subset(data.train, config.train_examples, config.seed)
-    data.test = subset(data.test, config.test_examples, config.seed)
+    if "test" not in splits:
+        data.test = None
+    if data.train is not None:
+        data.train = subset(data.train, config.train_examples, config.seed)
+    if data.test is not None:
+        data.test = subset(data.test, config.test_examples, config.seed)
     for name in ("train", "validation", "test"):
         if getattr(data, name) is not None:
             setattr(data, name, pipeline.prepare(getattr(data, name), name))

@@ -70,7 +70,9 @@ def real_images(count, data_dir=None):
         from . import configs, data
 
         config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={data_dir}")
-        images, labels = next(iter(data.input_pipeline(config).evaluation_arrays(data.load(config).test, 10000)))
+        images, labels = next(
+            iter(data.input_pipeline(config).evaluation_arrays(data.load(config, splits=("test",)).test, 10000))
+        )
         order = np.random.default_rng(0).permutation(len(labels))[:count]
         images, labels = images[order], labels[order]
     else:

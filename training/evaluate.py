@@ -84,7 +84,7 @@ def evaluate(
     if data_dir is not None:
         config = config.override(f"data_dir={data_dir}")
     loading_started = time.perf_counter()
-    data_set = data.load(config)
+    data_set = data.load(config, splits=(split,))
     names = list(data_set.class_names)
     if shipped is not None and names != list(shipped["classes"]):
         raise ValueError(

@@ -663,7 +663,7 @@ def example_image(run_dir):
     config = run_config(
         files.read_json(os.path.join(run_dir, "summary.json"), "train the run again, or restore the file")
     )
-    dataset = data.load(dataclasses.replace(config, test_examples=None))
+    dataset = data.load(dataclasses.replace(config, test_examples=None), splits=("test",))
     split = dataset.test
     item, label = (split.items[0], split.labels[0]) if split.items is not None else next(iter(split.stream))
     item = item.numpy() if hasattr(item, "numpy") else item

@@ -282,7 +282,7 @@ def search(
     if not isinstance(rounds, int) or rounds < 1 or (tuner == "hyperband" and rounds < 3):
         raise ValueError(f"rounds must be a positive integer (at least 3 for hyperband). Received: rounds={rounds!r}")
     check_gate_biases(gate_biases)
-    dataset = data.load(config)
+    dataset = data.load(config, splits=("train",))
     training_indices, validation_indices = data.validation_split(dataset.train.size, validation_examples, config.seed)
     images, labels = in_memory(dataset.train)
     training = images[training_indices], labels[training_indices]

@@ -223,6 +223,23 @@ def test_the_weights_average_follows_each_step_of_the_coupled_update():
         ),
         (["train_examples=-5"], "train_examples must be None (all) or a positive integer. Received: train_examples=-5"),
         (["nesterov=none"], "nesterov takes a bool. Received: nesterov='none'"),
+        (["seed=-1"], "seed must be an integer from 0 to 2**32 - 1. Received: seed=-1"),
+        (["seed=4294967296"], "seed must be an integer from 0 to 2**32 - 1. Received: seed=4294967296"),
+        (
+            ["normalization_mean=1,2"],
+            "normalization_mean needs one value (for every channel) or one per channel of the cifar10 images (3). "
+            "Received: normalization_mean=(1, 2)",
+        ),
+        (
+            ["dataset=digits"],
+            "normalization_mean needs one value (for every channel) or one per channel of the digits images (1). "
+            "Received: normalization_mean=(125.3, 123.0, 113.9)",
+        ),
+        (
+            ["normalization_mean=120"],
+            "normalization_mean and normalization_std need as many values each. Received: "
+            "normalization_mean=(120,), normalization_std=(63.0, 62.1, 66.7)",
+        ),
     ],
 )
 def test_bad_overrides(overrides, message):

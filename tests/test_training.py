@@ -482,6 +482,10 @@ def test_nan_loss_stops_cleanly(tmp_path, backend):
     "arguments, message",
     [
         (["--set", "dataset=folder", "--data-dir", "/nonexistent/cifar"], "Received: data_dir='/nonexistent/cifar'"),
+        (
+            ["--config", "digits_demo", "--data-dir", "/nonexistent/cifar"],
+            "the digits are embedded in scikit-learn. Received: dataset='digits', data_dir='/nonexistent/cifar'",
+        ),
         (["--model", "resnet19"], "Unknown model. Choose one of"),
         (["--config", "cifar11"], "Unknown config. Choose one of"),
         (
@@ -493,7 +497,14 @@ def test_nan_loss_stops_cleanly(tmp_path, backend):
             "scan_units and synchronized_batch_norm cannot be combined",
         ),
     ],
-    ids=["missing-data-dir", "unknown-model", "unknown-config", "indivisible-batch", "loops-synchronized"],
+    ids=[
+        "missing-data-dir",
+        "data-dir-for-the-digits",
+        "unknown-model",
+        "unknown-config",
+        "indivisible-batch",
+        "loops-synchronized",
+    ],
 )
 def test_bad_input_exits_with_a_clear_message(tmp_path, arguments, message):
     result = run_training("--run-dir", str(tmp_path / "run"), *arguments)

@@ -12,6 +12,12 @@ import dataclasses
 import keras_preact
 from keras_preact import defaults
 
+# The channels of each data set's images: the digits are grey; every other data set (an
+# image folder too: its images are decoded to RGB) is RGB.
+DATASET_CHANNELS = {"digits": 1}
+RGB_CHANNELS = 3
+# The largest seed NumPy's and Keras' random generators take (keras.utils.set_random_seed).
+MAXIMUM_SEED = 2**32 - 1
 # scikit-learn's 8x8 digits scaled to 0-255 (16 grey levels x 255 / 16): the mean and
 # standard deviation of the 1,437 training images (measured, `keras_preact_training.data`'s split).
 DIGITS_MEAN = (77.89,)
@@ -247,6 +253,25 @@ class Config:
                     f"{field} must hold finite numbers{' > 0' if field == 'normalization_std' else ''}. "
                     f"Received: {field}={values!r}"
                 )
+        channels = DATASET_CHANNELS.get(self.dataset, RGB_CHANNELS)
+        for field in ("normalization_mean", "normalization_std"):
+            if len(getattr(self, field)) not in (1, channels):
+                raise ValueError(
+                    f"{field} needs one value (for every channel) or one per channel of the {self.dataset} "
+                    f"images ({channels}). Received: {field}={getattr(self, field)!r}"
+                )
+        if len(self.normalization_mean) != len(self.normalization_std):
+            raise ValueError(
+                "normalization_mean and normalization_std need as many values each. Received: "
+                f"normalization_mean={self.normalization_mean!r}, normalization_std={self.normalization_std!r}"
+            )
+        if self.dataset == "digits" and self.data_dir is not None:
+            raise ValueError(
+                "data_dir is read by the data sets of files (folder, cifar10, cifar100, imagenet2012); the "
+                f"digits are embedded in scikit-learn. Received: dataset='digits', data_dir={self.data_dir!r}"
+            )
+        if not defaults.is_integer(self.seed) or not 0 <= self.seed <= MAXIMUM_SEED:
+            raise ValueError(f"seed must be an integer from 0 to 2**32 - 1. Received: seed={self.seed!r}")
 
     @property
     def scaled_learning_rate(self):

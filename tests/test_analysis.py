@@ -128,6 +128,20 @@ def test_diagnose_command_writes_its_plots_and_tables(tmp_path):
     assert "| preactivation | 3 | 0 | 0 | exact |" in identity and "| original | 3 |" in identity
 
 
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (dict(batch_size=0), "batch_size must be a positive integer. Received: batch_size=0"),
+        (dict(batch_size=2.5), "batch_size must be a positive integer. Received: batch_size=2.5"),
+        (dict(seed=-1), r"seed must be an integer from 0 to 2\*\*32 - 1. Received: seed=-1"),
+    ],
+)
+def test_diagnose_refuses_a_bad_batch_size_or_seed_before_writing(tmp_path, arguments, message):
+    with pytest.raises(ValueError, match=message):
+        diagnose.diagnose(str(tmp_path / "plots"), depths=(20,), depth=20, **arguments)
+    assert not (tmp_path / "plots").exists()
+
+
 def test_diagnose_refuses_an_output_folder_it_cannot_make(tmp_path):
     (tmp_path / "a_file").write_text("")
     with pytest.raises(

@@ -424,6 +424,13 @@ def test_every_shortcut_variant_trains_under_jax(cifar_folder, tmp_path):
     assert summary["config"]["shortcut"] == "projection" and summary["steps"] == 4
 
 
+def test_an_unknown_network_is_refused_before_any_data_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(ablation, "configuration", None)  # no cell's config is made
+    with pytest.raises(ValueError, match=r"Unknown model. Choose one of \[.*\]. Received: models=\['resnet19'\]"):
+        ablation.run(1, str(tmp_path / "ablate"), models=["resnet20", "resnet19"])
+    assert not (tmp_path / "ablate").exists()
+
+
 def test_bad_ablation_arguments_exit_with_a_message(tmp_path):
     result = run("ablate", "--table", "2", "--set", "unit=sideways", "--output", str(tmp_path))
     assert result.returncode == 2 and "Received: unit='sideways'" in result.stderr

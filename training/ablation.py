@@ -20,6 +20,8 @@ import os
 import re
 import statistics
 
+import keras_preact
+
 from . import configs, files, plots
 
 # The paper reports a run whose test error exceeds 20 % as "fail" (Table 1).
@@ -199,7 +201,8 @@ def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(),
         The cells, with their test errors (%).
 
     Raises:
-        ValueError: for an unknown table, a bad override or model.
+        ValueError: for an unknown table or model, or a bad override, before anything is
+            read or trained.
     """
     from . import engines, loop
 
@@ -207,6 +210,9 @@ def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(),
         raise ValueError(f"table must be one of {sorted(TABLES)}. Received: table={table_number!r}")
     if not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be a positive integer. Received: seeds={seeds!r}")
+    unknown = [model for model in models or () if model not in keras_preact.MODELS]
+    if unknown:  # before a data set is read, or downloaded
+        raise ValueError(f"Unknown model. Choose one of {keras_preact.list_models()}. Received: models={unknown!r}")
     table = TABLES[table_number]
     chosen = cells(table, models, datasets)
     if not chosen:

@@ -23,9 +23,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import keras_preact
-from keras_preact import analysis
+from keras_preact import analysis, defaults
 
-from . import files
+from . import configs, files
 
 # The paper's shortcut variants (Table 1), on pre-activation units so that, as in the
 # derivation of Eqns. 7-8, nothing follows the addition: only h differs.
@@ -67,7 +67,7 @@ def real_images(count, data_dir=None):
     """`count` real images as CIFAR networks take them (32x32x3, standardised) and labels:
     CIFAR-10 test images from an image folder, or else the embedded digits scaled up."""
     if data_dir:
-        from . import configs, data
+        from . import data
 
         config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={data_dir}")
         images, labels = next(
@@ -86,7 +86,17 @@ def real_images(count, data_dir=None):
 
 
 def diagnose(output, depths=(110, 164, 1001), depth=110, batch_size=16, data_dir=None, seed=0, verbose=True):
-    """Measures every comparison and writes the plots and tables to `output`; returns the rows."""
+    """Measures every comparison and writes the plots and tables to `output`; returns the rows.
+
+    Raises:
+        ValueError: for a batch size that is not a positive integer or a seed outside
+            0..2**32 - 1 (both before anything is measured or written), or an output folder
+            that cannot be made.
+    """
+    if not defaults.is_integer(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}")
+    if not defaults.is_integer(seed) or not 0 <= seed <= configs.MAXIMUM_SEED:
+        raise ValueError(f"seed must be an integer from 0 to 2**32 - 1. Received: seed={seed!r}")
     keras.utils.set_random_seed(seed)
     files.make_directory(output, "output folder")
     images, labels = real_images(batch_size, data_dir)

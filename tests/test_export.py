@@ -263,11 +263,19 @@ def test_versions_count_up_and_are_never_overwritten(resnet20_export, tmp_path):
     assert sorted(os.listdir(directory)) == ["1", "2"]  # nothing half-written left behind
 
 
+def test_version_folders_are_ascii_digits_up_to_tf_servings_int64(tmp_path):
+    for name in ("1", "12", "\u0663", "9223372036854775807", "9223372036854775808", "v3"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "7").write_text("a file, not a version")
+    assert contract.versions(str(tmp_path)) == [1, 12, 2**63 - 1]
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
         (dict(class_names=CIFAR_CLASSES[:9]), r"one name per output of the network \(10\). Received: 9 names"),
-        (dict(version=0), "version must be a positive integer. Received: version=0"),
+        (dict(version=0), "version must be a positive integer up to 2\\*\\*63 - 1 .*Received: version=0"),
+        (dict(version=2**63), "Received: version=9223372036854775808"),
         (dict(top_k=0), "top_k must be a positive integer. Received: top_k=0"),
         (dict(preprocessing=DIGITS), r"input shape \(32, 32, 3\) differs from the preprocessing's \(8, 8, 1\)"),
     ],

@@ -116,6 +116,8 @@ def onnx_models(metadata, precision="float32"):
 # A model's name is its folder under the output and the name TF Serving serves it by:
 # letters, digits, "_", "-" and ".", not starting with "." (so never "..", a path or hidden).
 MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+# The highest version: TF Serving reads a version folder's name (ASCII digits) as an int64.
+MAXIMUM_VERSION = 2**63 - 1
 # How encoded images reach the network's size: resized where their size differs (CIFAR,
 # the digits, image folders), or ImageNet's evaluation crop: the shorter side resized to
 # RESIZE_RATIO of the network's size, then the central square (He et al. 2016, section 4.2,
@@ -188,10 +190,15 @@ def output_shapes(classes, top_k):
 
 
 def versions(directory):
-    """The version numbers present in a model's folder (TF Serving's numbered subfolders)."""
+    """The version numbers present in a model's folder (TF Serving's numbered subfolders: ASCII
+    digits, up to `MAXIMUM_VERSION`)."""
     if not os.path.isdir(directory):
         return []
-    return sorted(int(entry.name) for entry in os.scandir(directory) if entry.is_dir() and entry.name.isdigit())
+    return sorted(
+        int(entry.name)
+        for entry in os.scandir(directory)
+        if entry.is_dir() and entry.name.isascii() and entry.name.isdigit() and int(entry.name) <= MAXIMUM_VERSION
+    )
 
 
 def latest_version(directory, kind="saved_model", precision="float32"):

@@ -196,8 +196,11 @@ def export_saved_model(
         litert.require_litert()
     pixels = calibration.calibration_pixels(calibration_images, preprocessing.shape) if "int8" in precisions else None
     version = next_version(directory) if version is None else version
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ValueError(f"version must be a positive integer. Received: version={version!r}")
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= contract.MAXIMUM_VERSION:
+        raise ValueError(
+            f"version must be a positive integer up to 2**63 - 1 (TF Serving's versions are int64). "
+            f"Received: version={version!r}"
+        )
     path = os.path.join(directory, str(version))
     if os.path.exists(path):
         raise FileExistsError(

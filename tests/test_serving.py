@@ -293,6 +293,15 @@ def truncated_jpeg(pixels):
     return jpegs(pixels[:1])[0][:200]
 
 
+def with_leaf(nested, leaf):
+    """`nested` (lists) with its first number replaced by `leaf`."""
+    innermost = nested
+    while isinstance(innermost[0], list):
+        innermost = innermost[0]
+    innermost[0] = leaf
+    return nested
+
+
 @pytest.mark.parametrize(
     "path, body, status, message",
     [
@@ -332,6 +341,33 @@ def truncated_jpeg(pixels):
             lambda pixels: {"signature_name": "predict_pixels", "instances": (pixels[:1] + 300.0).tolist()},
             400,
             r"^Input 'pixels' holds uint8 pixels: integers from 0 to 255",
+        ),
+        (
+            ":predict",
+            lambda pixels: {"signature_name": "predict_pixels", "instances": with_leaf(pixels[:1].tolist(), "12")},
+            400,
+            r"^Input 'pixels' must be a rectangular array of numbers of shape \[batch, 32, 32, 3\]. Received: \"12\"$",
+        ),
+        (
+            ":predict",
+            lambda pixels: {"signature_name": "predict_pixels", "instances": with_leaf(pixels[:1].tolist(), True)},
+            400,
+            r"^Input 'pixels' must be a rectangular array of numbers of shape \[batch, 32, 32, 3\]. Received: true$",
+        ),
+        (
+            ":predict",
+            lambda pixels: {"signature_name": "predict_pixels", "instances": with_leaf(pixels[:1].tolist(), 10**309)},
+            400,
+            r"^Input 'pixels' holds uint8 pixels: integers from 0 to 255",
+        ),
+        (
+            ":predict",
+            lambda pixels: {
+                "signature_name": "predict_normalized",
+                "instances": with_leaf(np.zeros((1, 32, 32, 3)).tolist(), -(10**309)),
+            },
+            400,
+            r"^Input 'normalized' holds a value too large for float32 \(at most 3.403e\+38\)",
         ),
         (
             ":predict",
@@ -413,6 +449,10 @@ def truncated_jpeg(pixels):
         "not b64",
         "wrong shape",
         "out of range",
+        "a string as a pixel",
+        "a bool as a pixel",
+        "a 310-digit pixel",
+        "a 310-digit normalized value",
         "unknown signature",
         "malformed JSON",
         "not an object",

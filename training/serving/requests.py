@@ -10,6 +10,7 @@ encoded images (read from their headers before anything decodes them).
 
 import base64
 import io
+import itertools
 import json
 import warnings
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ REQUEST_FIELDS_SLACK = 16
 # Bytes of a body counted at a time (`count_separators`).
 COUNT_SLICE = 2**20
 NUMPY_DTYPES = {"uint8": np.uint8, "float32": np.float32}
+# The Python types json.loads gives a JSON number (bool is not one of them, though True == 1).
+JSON_NUMBERS = {int, float}
 
 
 class BadRequest(ValueError):
@@ -137,8 +140,17 @@ def to_values(values, signature, shape, max_batch):
         )
     if signature.dtype == "string":
         return [binary(value, key, index) for index, value in enumerate(values)]
+    not_a_number = leaf_not_a_number(values)
+    if not_a_number is not None:  # NumPy would read "12" as 12 and true as 1
+        raise BadRequest(
+            f"Input {key!r} must be a rectangular array of numbers of shape {shape_text(shape)}. "
+            f"Received: {json.dumps(not_a_number[0])[:80]}"
+        )
+    out_of_range = f"Input {key!r} holds uint8 pixels: integers from 0 to 255."
     try:
         array = np.asarray(values, dtype=np.float64)
+    except OverflowError:  # an integer past float64's range (JSON's numbers may have 4,300 digits)
+        raise BadRequest(out_of_range if signature.dtype == "uint8" else too_large(key, signature.dtype)) from None
     except (ValueError, TypeError):
         raise BadRequest(
             f"Input {key!r} must be a rectangular array of numbers of shape {shape_text(shape)}."
@@ -146,17 +158,39 @@ def to_values(values, signature, shape, max_batch):
     if array.ndim != len(shape) or any(want is not None and want != got for want, got in zip(shape, array.shape)):
         raise BadRequest(f"Input {key!r} must have shape {shape_text(shape)}. Received: shape {tuple(array.shape)}")
     if signature.dtype == "uint8" and (np.any(array < 0) or np.any(array > 255) or np.any(array != np.round(array))):
-        raise BadRequest(f"Input {key!r} holds uint8 pixels: integers from 0 to 255.")
+        raise BadRequest(out_of_range)
     if not np.all(np.isfinite(array)):
         raise BadRequest(f"Input {key!r} holds a NaN or infinite value.")
-    dtype = NUMPY_DTYPES[signature.dtype]
     with np.errstate(over="ignore"):
-        converted = array.astype(dtype)
+        converted = array.astype(NUMPY_DTYPES[signature.dtype])
     if not np.all(np.isfinite(converted)):
-        raise BadRequest(
-            f"Input {key!r} holds a value too large for {signature.dtype} (at most {np.finfo(dtype).max:.4g})."
-        )
+        raise BadRequest(too_large(key, signature.dtype))
     return converted
+
+
+def too_large(key, dtype):
+    """The error of a value past the largest of the float type `dtype`."""
+    return f"Input {key!r} holds a value too large for {dtype} (at most {np.finfo(NUMPY_DTYPES[dtype]).max:.4g})."
+
+
+def leaf_not_a_number(values):
+    """(leaf,) for a leaf of the nested lists `values` that is not a JSON number (a string, a
+    bool, null, an object), or None where every leaf is one (ragged lists are left to NumPy's
+    check of the shape). Lists of innermost lists (an image's rows) are checked whole, their
+    leaves' types as a set: 12 ms for 64 CIFAR images, as long as NumPy's conversion."""
+    pending = [values]
+    while pending:
+        value = pending.pop()
+        if not isinstance(value, list):
+            if type(value) not in JSON_NUMBERS:
+                return (value,)
+        elif value and isinstance(value[0], list) and value[0] and isinstance(value[0][0], list):
+            pending.extend(value)
+        elif not all(isinstance(item, list) for item in value):
+            pending.extend(value)  # numbers, or numbers beside lists: one by one
+        elif not set(map(type, itertools.chain.from_iterable(value))) <= JSON_NUMBERS:
+            pending.extend(itertools.chain.from_iterable(value))
+    return None
 
 
 def binary(value, key, index):

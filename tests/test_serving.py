@@ -489,6 +489,13 @@ def raw_exchange(port, request, timeout=60):
     return received
 
 
+@pytest.mark.parametrize("path", ["/v1/models/cifar10_resnet20/", "/v1/models/cifar10_resnet20/metadata/"])
+def test_a_trailing_slash_is_a_404_not_a_redirect_to_the_clients_host(served, path):
+    _, client, _, _ = served
+    status, answer = client.get(path)
+    assert status == 404 and answer["error"].startswith(f"No such resource: GET {path}. This server serves")
+
+
 SMUGGLED = b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\nHost: x\r\n\r\n"
 PREDICT = b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\n"
 

@@ -250,6 +250,9 @@ def application(model, connections, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batchin
             Exception: server_error,
         },
     )
+    # A path with a trailing slash is a 404 like any other unknown path, not Starlette's
+    # redirect to the URL without it, which names the host the client sent.
+    app.router.redirect_slashes = False
     app.state.model_name = model.name
     app.state.api = api
     return ConnectionGuard(app, connections)

@@ -70,3 +70,9 @@ def test_compare_refuses_unfinished_runs_and_bad_rates(tmp_path, capsys):
     assert "images_per_second must be positive. Received: 0.0" in capsys.readouterr().err
     assert cli.main(["compare", run, "--target", "120"]) == 2
     assert "target must be an error in percent, between 0 and 100. Received: 120.0" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("")
+    assert cli.main(["compare", run, "--output", str(tmp_path / "a_file" / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: Cannot make the output folder {tmp_path}/a_file/out: {tmp_path}/a_file is a file, not a folder. "
+        f"Choose another path. Received: '{tmp_path}/a_file/out'\n"
+    )

@@ -698,6 +698,14 @@ def test_an_output_or_run_folder_under_a_regular_file_is_a_clear_error(tmp_path)
     assert f"error: Cannot make the run folder {blocking / 'run'}: {blocking} is a file, not a folder." in result.stderr
 
 
+def test_query_of_a_folder_or_a_fifo_is_one_line(tmp_path):
+    fifo = tmp_path / "fifo.jpg"
+    os.mkfifo(fifo)  # opened, it would wait for a writer
+    for path in (tmp_path, fifo):
+        result = cli("query", "--model", "m", "--server", "http://127.0.0.1:9", str(path))
+        assert result.returncode == 2 and result.stderr == f"error: No image file {str(path)!r}.\n", result.stderr
+
+
 class NotJson(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))

@@ -543,9 +543,8 @@ def main(argv=None):
         checkpoints = sys.modules.get(f"{__package__}.checkpoints")
         exit_codes = {
             ValueError: 2,
-            FileNotFoundError: 2,
-            FileExistsError: 2,
-            ConnectionError: 2,
+            # Files and folders that are missing, in the way or unreadable; servers that do not answer.
+            OSError: 2,
             ImportError: 2,
             **({loop.TrainingDiverged: 3} if loop else {}),
             **({checkpoints.CheckpointsUnreadable: 4} if checkpoints else {}),

@@ -5,6 +5,7 @@ keras-preact query --model cifar10_resnet20 docs/cifar10/cat_0000.jpg --top-k 3
 
 import base64
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -14,7 +15,8 @@ def query(server, model, paths, signature="serving_default", top_k=None, timeout
     """Sends image files to a TF Serving REST endpoint; returns one prediction per file.
 
     Raises:
-        FileNotFoundError: for an image file that does not exist.
+        FileNotFoundError: for an image file that does not exist (or is a folder).
+        OSError: for an image file that cannot be read.
         ValueError: with the server's message, for a request it refused.
         ConnectionError: if no server answers at `server`.
     """
@@ -22,6 +24,8 @@ def query(server, model, paths, signature="serving_default", top_k=None, timeout
         raise ValueError(f"top_k must be a positive integer. Received: top_k={top_k!r}")
     instances = []
     for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No image file {path!r}.")
         with open(path, "rb") as file:
             instances.append({"b64": base64.b64encode(file.read()).decode("ascii")})
     body = json.dumps({"signature_name": signature, "instances": instances}).encode()

@@ -87,7 +87,7 @@ def compare(run_dirs, output, images_per_second=None, target=None):
                 hours_to_target=None if reached is None else reached * hours_per_step,
             )
         )
-    os.makedirs(output, exist_ok=True)
+    files.make_directory(output, "output folder")
     plots.time_to_accuracy(
         {label: (rows, hours_per_step) for label, (_, rows, hours_per_step) in runs.items()},
         os.path.join(output, "time_to_accuracy.png"),

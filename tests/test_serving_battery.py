@@ -550,7 +550,18 @@ ONNX = "{version}/onnx/predict_pixels.onnx"
         ),
         (
             lambda version: (version / "onnx" / "predict_pixels.onnx").unlink(),
-            f"Could not load the ONNX model {ONNX} (missing, empty, truncated or corrupt: export it again): ",
+            f"The ONNX model {ONNX} is missing or not a regular file: export the model again.",
+        ),
+        (
+            lambda version: (
+                (version / "onnx" / "predict_pixels.onnx").unlink(),
+                os.mkfifo(version / "onnx" / "predict_pixels.onnx"),
+            ),
+            f"The ONNX model {ONNX} is missing or not a regular file: export the model again.",
+        ),
+        (
+            lambda version: ((version / "metadata.json").unlink(), os.mkfifo(version / "metadata.json")),
+            "{version}/metadata.json is not a regular file (a FIFO, a socket or a device): export the model again.",
         ),
         (
             swap_onnx_files,
@@ -579,6 +590,8 @@ ONNX = "{version}/onnx/predict_pixels.onnx"
         "no class names",
         "empty file",
         "missing file",
+        "a FIFO for a file",
+        "a FIFO for metadata.json",
         "files swapped",
         "files swapped, no hashes",
         "truncated, no hashes",

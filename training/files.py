@@ -19,8 +19,12 @@ def read_json(path, remedy):
 
     Raises:
         FileNotFoundError: if `path` does not exist.
-        ValueError: naming `path`, if it is not a JSON object.
+        ValueError: naming `path`, if it is not a regular file holding a JSON object.
+        OSError: if it cannot be read (no permission).
     """
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        # Opened, a FIFO would wait for a writer.
+        raise ValueError(f"{path} is not a regular file (a FIFO, a socket or a device): {remedy}.")
     try:
         with open(path, "rb") as file:
             value = json.load(file)

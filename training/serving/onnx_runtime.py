@@ -62,7 +62,9 @@ class OnnxRuntime:
         self.sessions = {}
         for signature in contract.ONNX_MODELS:
             file = os.path.join(path, files[signature])
-            if signature in digests and os.path.isfile(file) and sha256(file) != digests[signature]:
+            if not os.path.isfile(file):  # missing, or a FIFO that reading would wait on
+                raise ValueError(f"The ONNX model {file} is missing or not a regular file: export the model again.")
+            if signature in digests and sha256(file) != digests[signature]:
                 raise ValueError(
                     f"The ONNX model {file} is not the one exported with {metadata_path}: its SHA-256 "
                     f"differs from the recorded {digests[signature][:16]}... (replaced, truncated or "

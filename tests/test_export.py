@@ -263,6 +263,15 @@ def test_versions_count_up_and_are_never_overwritten(resnet20_export, tmp_path):
     assert sorted(os.listdir(directory)) == ["1", "2"]  # nothing half-written left behind
 
 
+@pytest.mark.parametrize("name", ["bad\udcffbyte", "new\nline"])
+def test_an_export_folder_tensorflow_cannot_name_is_refused_before_writing(resnet20_export, tmp_path, name):
+    network, _, _ = resnet20_export
+    directory = str(tmp_path / name / "model")
+    with pytest.raises(ValueError, match=r"directory must be a path of printable UTF-8 characters .* Received: "):
+        export.export_saved_model(network, directory, CIFAR_CLASSES, CIFAR, verbose=False)
+    assert os.listdir(tmp_path) == []
+
+
 def test_version_folders_are_ascii_digits_up_to_tf_servings_int64(tmp_path):
     for name in ("1", "12", "\u0663", "9223372036854775807", "9223372036854775808", "v3"):
         (tmp_path / name).mkdir()

@@ -186,6 +186,11 @@ def export_saved_model(
         )
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer. Received: top_k={top_k!r}")
+    if not os.fspath(directory).isprintable() or not utf8(os.fspath(directory)):
+        raise ValueError(
+            "directory must be a path of printable UTF-8 characters (TensorFlow's file system names "
+            f"files in UTF-8). Received: directory={os.fspath(directory)!r}"
+        )
     formats = tuple(formats)
     if not formats or not set(formats) <= set(PRECISIONS):
         raise ValueError(f"formats must name some of {list(PRECISIONS)}. Received: formats={formats!r}")
@@ -608,6 +613,15 @@ def export_shipped(
         calibration_images=calibration_images,
         verbose=verbose,
     )
+
+
+def utf8(text):
+    """Whether `text` encodes as UTF-8 (a path of undecodable bytes holds lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def read_image_files(paths):

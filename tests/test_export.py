@@ -342,8 +342,8 @@ def test_bad_preprocessing_is_a_clear_error(arguments, message):
 def test_missing_version_is_a_clear_error(tmp_path):
     with pytest.raises(
         FileNotFoundError,
-        match=r"No version folder with a SavedModel \(<directory>/<number>/"
-        r"saved_model.pb\) in ",
+        match=r"No complete version folder with a SavedModel \(<directory>/<number>/"
+        r"saved_model.pb and metadata.json\) in ",
     ):
         contract.latest_version(str(tmp_path))
 

@@ -237,8 +237,8 @@ def test_a_precision_the_runtime_or_the_folder_lacks_is_refused(quantized, tmp_p
     )
     with pytest.raises(
         FileNotFoundError,
-        match=r"^No version folder with int8 ONNX models \(<directory>/<number>/onnx/predict_normalized\.int8\.onnx\) "
-        r"in .*plain\. Export one with `keras-preact export --format onnx \(or all\) --quantize int8 "
+        match=r"^No complete version folder with int8 ONNX models \(<directory>/<number>/onnx/"
+        r"predict_normalized\.int8\.onnx and metadata\.json\) in .*plain\. Export one with `keras-preact export --format onnx \(or all\) --quantize int8 "
         r"--calibration-images \.\.\.`\.",
     ):
         ModelServer(str(plain), runtime="onnxruntime", precision="int8")

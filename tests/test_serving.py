@@ -769,6 +769,28 @@ def test_requests_that_wait_while_every_thread_is_busy_run_as_one_batch(batching
     assert model.calls == calls
 
 
+def test_every_runtime_serves_the_newest_complete_version(exported, tmp_path):
+    """A version without metadata.json or with half its files (being copied in) is passed over;
+    `auto` serves the newest complete version, with the runtime whose files it has."""
+    _, _, directory = exported
+    models = tmp_path / "cifar10_resnet20"
+    shutil.copytree(directory, models)
+    shutil.copytree(models / "1", models / "2")
+    (models / "2" / "metadata.json").unlink()
+    shutil.copytree(models / "1", models / "3")
+    (models / "3" / contract.onnx_file("predict_pixels", "float32")).unlink()
+    (models / "3" / "variables" / "variables.index").unlink()
+    for runtime in RUNTIMES:
+        assert ModelServer(str(models), runtime=runtime).version == 1
+    shutil.copytree(models / "1", models / "4")
+    shutil.rmtree(models / "4" / "onnx")
+    assert not onnx_servable(str(models))
+    assert ModelServer(str(models), runtime="onnxruntime").version == 1
+    assert ModelServer(str(models), runtime="tensorflow").version == 4
+    shutil.copytree(models / "1", models / "5")
+    assert onnx_servable(str(models))
+
+
 def test_onnxruntime_answers_real_jpegs_as_the_saved_model_does(exported, cifar_folder, tmp_path):
     """The bytes path of the onnxruntime runtime (TensorFlow's decoding, then ONNX) against
     the SavedModel's graph on 12 CIFAR-10 test JPEGs: same classes, probabilities to 1e-5."""
@@ -801,8 +823,8 @@ def test_onnxruntime_answers_real_jpegs_as_the_saved_model_does(exported, cifar_
     shutil.rmtree(saved_model_only / "1" / "onnx")
     with pytest.raises(
         FileNotFoundError,
-        match=r"^No version folder with ONNX models \(<directory>/<number>/"
-        r"onnx/predict_normalized.onnx\) in .*export --format onnx \(or all\)",
+        match=r"^No complete version folder with ONNX models \(<directory>/<number>/"
+        r"onnx/predict_normalized.onnx and metadata.json\) in .*export --format onnx \(or all\)",
     ):
         ModelServer(str(saved_model_only), runtime="onnxruntime")
     assert not onnx_servable(str(saved_model_only)) and onnx_servable(str(directory))

@@ -202,15 +202,23 @@ def versions(directory):
 
 
 def latest_version(directory, kind="saved_model", precision="float32"):
-    """`directory/<highest version>` holding `kind` ("saved_model" or "onnx") in `precision`:
-    for a SavedModel, the one TF Serving serves by default.
+    """`directory/<highest complete version>`: the highest version holding metadata.json and
+    every file of `kind` ("saved_model" or "onnx") in `precision` (for a SavedModel, the one TF
+    Serving serves by default; a version folder still being copied in is passed over).
 
     Raises:
-        FileNotFoundError: if `directory` holds no numbered version with one.
+        FileNotFoundError: if `directory` holds no complete numbered version.
     """
+    needed = [METADATA_FILE]
+    if kind == "saved_model":
+        needed += ["saved_model.pb", os.path.join("variables", "variables.index")]
+    else:
+        needed += [onnx_file(name, precision) for name in ONNX_MODELS]
     marker = {"saved_model": "saved_model.pb", "onnx": onnx_file("predict_normalized", precision)}[kind]
     found = [
-        version for version in versions(directory) if os.path.exists(os.path.join(directory, str(version), marker))
+        version
+        for version in versions(directory)
+        if all(os.path.exists(os.path.join(directory, str(version), file)) for file in needed)
     ]
     if not found:
         what = (
@@ -221,7 +229,8 @@ def latest_version(directory, kind="saved_model", precision="float32"):
         how = "" if kind == "saved_model" else " --format onnx (or all)"
         how += f" --quantize {precision} --calibration-images ..." if precision != "float32" else ""
         raise FileNotFoundError(
-            f"No version folder with {what} (<directory>/<number>/{marker}) in {directory}. Export one with "
+            f"No complete version folder with {what} (<directory>/<number>/{marker} and {METADATA_FILE}) in "
+            f"{directory}. Export one with "
             f"`keras-preact export{how}`. Received: {directory!r}"
         )
     return os.path.join(directory, str(found[-1]))

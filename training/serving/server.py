@@ -4,6 +4,7 @@ uvicorn is configured by its public settings (backlog, keep-alive, h11's head bo
 lifespan, no server header) and runs `connections.Connection` as its protocol.
 """
 
+import contextlib
 import os
 import socket
 import sys
@@ -121,10 +122,14 @@ def serves_onnx(directory, runtime, precision="float32"):
 
 
 def onnx_servable(directory):
-    """Whether the highest version of `directory` has ONNX models and onnxruntime is installed."""
+    """Whether onnxruntime is installed and the newest complete version of `directory` (of
+    either runtime's files, `contract.latest_version`) has complete ONNX models."""
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
         return False
-    newest = max(contract.versions(directory), default=None)
-    return newest is not None and os.path.exists(os.path.join(directory, str(newest), contract.ONNX_DIRECTORY))
+    newest = {}
+    for kind in ("onnx", "saved_model"):
+        with contextlib.suppress(FileNotFoundError):
+            newest[kind] = int(os.path.basename(contract.latest_version(directory, kind)))
+    return "onnx" in newest and newest["onnx"] >= newest.get("saved_model", 0)

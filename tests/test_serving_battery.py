@@ -549,10 +549,6 @@ ONNX = "{version}/onnx/predict_pixels.onnx"
             "recorded",
         ),
         (
-            lambda version: (version / "onnx" / "predict_pixels.onnx").unlink(),
-            f"The ONNX model {ONNX} is missing or not a regular file: export the model again.",
-        ),
-        (
             lambda version: (
                 (version / "onnx" / "predict_pixels.onnx").unlink(),
                 os.mkfifo(version / "onnx" / "predict_pixels.onnx"),
@@ -589,7 +585,6 @@ ONNX = "{version}/onnx/predict_pixels.onnx"
         "3 class names for 10 outputs",
         "no class names",
         "empty file",
-        "missing file",
         "a FIFO for a file",
         "a FIFO for metadata.json",
         "files swapped",
@@ -603,6 +598,12 @@ def test_onnx_files_are_checked_at_start(exported, tmp_path, change, message):
         ModelServer(str(directory), runtime="onnxruntime")
     assert str(error.value).startswith(message.format(version=directory / "1")), str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_a_version_missing_an_onnx_model_is_not_served_by_onnxruntime(exported, tmp_path):
+    directory = damaged_copy(exported, tmp_path, lambda version: (version / "onnx" / "predict_pixels.onnx").unlink())
+    with pytest.raises(FileNotFoundError, match=r"^No complete version folder with ONNX models .* in "):
+        ModelServer(str(directory), runtime="onnxruntime")
 
 
 def test_the_onnx_hashes_are_recorded_at_export(exported):

@@ -18,7 +18,7 @@ import tensorflow as tf
 from PIL import Image
 
 from keras_preact import blocks
-from keras_preact_training import configs, data, input_tensorflow, loop, plots
+from keras_preact_training import cli, configs, data, input_tensorflow, loop, plots
 from tests.conftest import KERAS_PREACT, SHORT_DIGITS_SETTINGS
 
 pytestmark = pytest.mark.tensorflow
@@ -482,10 +482,6 @@ def test_nan_loss_stops_cleanly(tmp_path, backend):
     "arguments, message",
     [
         (["--set", "dataset=folder", "--data-dir", "/nonexistent/cifar"], "Received: data_dir='/nonexistent/cifar'"),
-        (
-            ["--config", "digits_demo", "--data-dir", "/nonexistent/cifar"],
-            "the digits are embedded in scikit-learn. Received: dataset='digits', data_dir='/nonexistent/cifar'",
-        ),
         (["--model", "resnet19"], "Unknown model. Choose one of"),
         (["--config", "cifar11"], "Unknown config. Choose one of"),
         (
@@ -499,7 +495,6 @@ def test_nan_loss_stops_cleanly(tmp_path, backend):
     ],
     ids=[
         "missing-data-dir",
-        "data-dir-for-the-digits",
         "unknown-model",
         "unknown-config",
         "indivisible-batch",
@@ -510,6 +505,15 @@ def test_bad_input_exits_with_a_clear_message(tmp_path, arguments, message):
     result = run_training("--run-dir", str(tmp_path / "run"), *arguments)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["train", "tune"])
+def test_a_data_dir_given_to_the_digits_is_named_as_not_read(capsys, command):
+    cli.check_data_folder(cli.parser().parse_args([command, "--config", "digits_demo", "--data-dir", "/nowhere"]))
+    assert capsys.readouterr().err == (
+        "warning: data_dir='/nowhere' is not read: the digits are embedded in scikit-learn (--data-dir is read "
+        "by the data sets of files: folder, cifar10, cifar100, imagenet2012).\n"
+    )
 
 
 def test_training_under_jax_refuses_a_strategy_of_several_devices(tmp_path):

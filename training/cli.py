@@ -563,14 +563,23 @@ def main(argv=None):
 
 
 def check_data_folder(arguments):
-    """The image folder that `train` or `evaluate` would read, checked before TensorFlow loads:
-    a FileNotFoundError in a second, which says how a folder is laid out and made."""
+    """The image folder that `train`, `tune` or `evaluate` would read, checked before TensorFlow
+    loads: a FileNotFoundError in a second, which says how a folder is laid out and made; and
+    a warning for a data directory given to the embedded digits, which read none (a warning,
+    not an error: the queues pass their data directory to every run they start)."""
     if arguments.command == "evaluate" and arguments.dataset == "folder":
         data_folder.check_folder(data_folder.or_default(arguments.data_dir))
-    if arguments.command == "train":
+    if arguments.command in ("train", "tune"):
         config = config_from(arguments)
         if config.dataset == "folder":
             data_folder.check_folder(config.data_dir)
+        if config.dataset == "digits" and config.data_dir is not None:
+            print(
+                f"warning: data_dir={config.data_dir!r} is not read: the digits are embedded in scikit-learn "
+                "(--data-dir is read by the data sets of files: folder, cifar10, cifar100, imagenet2012).",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def check_backend(command):

@@ -82,7 +82,8 @@ class Config:
         dataset: "digits" (embedded, offline), "cifar10", "cifar100" (tensorflow-datasets),
             "imagenet2012" (tensorflow-datasets, manual download) or "folder" (an
             image folder `data_dir/{train,test}/<class>/*.jpg`).
-        data_dir: tensorflow-datasets' data directory, or the image folder's root.
+        data_dir: tensorflow-datasets' data directory, or the image folder's root (the
+            embedded digits read none).
         image_size: side of the square images the network sees.
         train_examples, test_examples: use only N examples of each split, a fixed
             random subset (the first N records of a streamed split); `None` for all.
@@ -117,11 +118,12 @@ class Config:
             warm-up rate is scaled with the batch size like `learning_rate`.
         crop_padding: pixels of zero padding before the random crop (0: no crop).
         horizontal_flip: random horizontal flips.
-        normalization_mean, normalization_std: per-channel, on the 0-255 scale.
+        normalization_mean, normalization_std: per-channel (or one value for every channel),
+            on the 0-255 scale.
         evaluate_every: steps between two evaluations on the test set (and the end).
         checkpoint_every: steps between two checkpoints (and the end).
         log_every: steps between two rows of the CSV log and TensorBoard.
-        seed: seed of the weights, the data order and the augmentation.
+        seed: seed of the weights, the data order and the augmentation (0 to 2**32 - 1).
         strategy: "default", "one_device", "mirrored", "multi_worker" or "tpu".
         cpu_devices: split the CPU into this many logical devices (for "mirrored").
         synchronized_batch_norm: BatchNorm statistics over all replicas; the paper
@@ -264,11 +266,6 @@ class Config:
             raise ValueError(
                 "normalization_mean and normalization_std need as many values each. Received: "
                 f"normalization_mean={self.normalization_mean!r}, normalization_std={self.normalization_std!r}"
-            )
-        if self.dataset == "digits" and self.data_dir is not None:
-            raise ValueError(
-                "data_dir is read by the data sets of files (folder, cifar10, cifar100, imagenet2012); the "
-                f"digits are embedded in scikit-learn. Received: dataset='digits', data_dir={self.data_dir!r}"
             )
         if not defaults.is_integer(self.seed) or not 0 <= self.seed <= MAXIMUM_SEED:
             raise ValueError(f"seed must be an integer from 0 to 2**32 - 1. Received: seed={self.seed!r}")

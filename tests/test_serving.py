@@ -150,7 +150,8 @@ def test_status_and_metadata(served):
         {
             "model_version_status": [
                 {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
-            ]
+            ],
+            "runtime": client.runtime,
         },
     )
     assert client.get("/v1/models/cifar10_resnet20/versions/1")[0] == 200

@@ -144,7 +144,7 @@ def test_the_onnxruntime_server_runs_where_tensorflow_and_keras_cannot_be_import
         client = Client(f"http://127.0.0.1:{port}")
         reference = ModelServer(str(exported), runtime="tensorflow")
         path = "/v1/models/cifar10_resnet20"
-        assert client.get(path) == (200, reference.status())
+        assert client.get(path) == (200, {**reference.status(), "runtime": "onnxruntime"})
         status, metadata = client.get(path + "/metadata")
         assert status == 200 and metadata == json.loads(json.dumps(reference.describe()))
         battery = list(image_battery(seed=2).values())

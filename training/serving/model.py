@@ -66,6 +66,8 @@ class ModelServer:
         )
 
     def status(self):
+        """TF Serving's status answer, and beside it (a field TF Serving's clients pass over)
+        which runtime serves the version: "tensorflow", "onnxruntime" or "onnxruntime, int8"."""
         return {
             "model_version_status": [
                 {
@@ -73,7 +75,8 @@ class ModelServer:
                     "state": "AVAILABLE",
                     "status": {"error_code": "OK", "error_message": ""},
                 }
-            ]
+            ],
+            "runtime": self.runtime.name,
         }
 
     def describe(self):

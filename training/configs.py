@@ -18,6 +18,14 @@ DATASET_CHANNELS = {"digits": 1}
 RGB_CHANNELS = 3
 # The largest seed NumPy's and Keras' random generators take (keras.utils.set_random_seed).
 MAXIMUM_SEED = 2**32 - 1
+
+
+def check_seed(seed):
+    """Raises a ValueError naming `seed` where NumPy's and Keras' generators would refuse it."""
+    if not defaults.is_integer(seed) or not 0 <= seed <= MAXIMUM_SEED:
+        raise ValueError(f"seed must be an integer from 0 to 2**32 - 1. Received: seed={seed!r}")
+
+
 # scikit-learn's 8x8 digits scaled to 0-255 (16 grey levels x 255 / 16): the mean and
 # standard deviation of the 1,437 training images (measured, `keras_preact_training.data`'s split).
 DIGITS_MEAN = (77.89,)
@@ -267,8 +275,7 @@ class Config:
                 "normalization_mean and normalization_std need as many values each. Received: "
                 f"normalization_mean={self.normalization_mean!r}, normalization_std={self.normalization_std!r}"
             )
-        if not defaults.is_integer(self.seed) or not 0 <= self.seed <= MAXIMUM_SEED:
-            raise ValueError(f"seed must be an integer from 0 to 2**32 - 1. Received: seed={self.seed!r}")
+        check_seed(self.seed)
 
     @property
     def scaled_learning_rate(self):

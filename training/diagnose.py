@@ -95,8 +95,7 @@ def diagnose(output, depths=(110, 164, 1001), depth=110, batch_size=16, data_dir
     """
     if not defaults.is_integer(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}")
-    if not defaults.is_integer(seed) or not 0 <= seed <= configs.MAXIMUM_SEED:
-        raise ValueError(f"seed must be an integer from 0 to 2**32 - 1. Received: seed={seed!r}")
+    configs.check_seed(seed)
     keras.utils.set_random_seed(seed)
     files.make_directory(output, "output folder")
     images, labels = real_images(batch_size, data_dir)

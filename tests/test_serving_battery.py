@@ -4,6 +4,7 @@ the files a server or a resumed run must not trust."""
 
 import asyncio
 import concurrent.futures
+import http.client
 import http.server
 import io
 import json
@@ -272,13 +273,19 @@ def test_accepted_connections_have_tcp_nodelay():
 
 def test_kept_alive_requests_are_answered_on_one_connection(served):
     _, port, _ = served
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        sockets = []
         for _ in range(20):
-            connection.sendall(b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\nHost: x\r\n\r\n")
-            received = b""
-            while not received.endswith(b"}]}"):
-                received += connection.recv(65536)
-            assert received.startswith(b"HTTP/1.1 200 ")
+            connection.request("GET", "/v1/models/cifar10_resnet20")
+            answer = connection.getresponse()
+            assert answer.status == 200
+            assert json.loads(answer.read())["model_version_status"][0]["state"] == "AVAILABLE"
+            assert not answer.will_close
+            sockets.append(connection.sock)
+        assert len(set(map(id, sockets))) == 1 and sockets[0] is not None
+    finally:
+        connection.close()
 
 
 # 3. Animated GIFs and every format for 1- and 3-channel models ---------------------------

@@ -202,8 +202,15 @@ INT8 = "{version}/onnx/predict_pixels.int8.onnx"
             "{version}/metadata.json does not describe the int8 ONNX models (KeyError: 'int8'): export the model "
             "again with --format onnx (or all) --quantize int8 --calibration-images ....",
         ),
+        (
+            lambda version: (version / "metadata.json").write_text(
+                json.dumps({**json.loads((version / "metadata.json").read_text()), "class_names": list("abcdefghij")})
+            ),
+            f"{{version}}/metadata.json is not the one exported with the ONNX model {INT8} (edited, or another "
+            'export\'s): it says class_names=["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"] where the model has ',
+        ),
     ],
-    ids=["altered", "swapped, no hashes", "truncated, no hashes", "not in metadata.json"],
+    ids=["altered", "swapped, no hashes", "truncated, no hashes", "not in metadata.json", "class names edited"],
 )
 def test_the_int8_files_are_checked_at_start(quantized, tmp_path, change, message):
     directory = damaged_copy(quantized, tmp_path, change)

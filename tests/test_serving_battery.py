@@ -15,6 +15,7 @@ import subprocess
 import threading
 
 import numpy as np
+import onnx
 import pytest
 import tensorflow as tf
 from PIL import Image
@@ -547,6 +548,31 @@ ONNX = "{version}/onnx/predict_pixels.onnx"
             "logits: the file belongs to another model. Export the model again.",
         ),
         (
+            edit_metadata(lambda metadata: metadata.update(class_names=metadata["class_names"][::-1])),
+            f"{{version}}/metadata.json is not the one exported with the ONNX model {ONNX} (edited, or another "
+            'export\'s): it says class_names=["truck", "ship", "horse", "frog", "dog", "deer", "cat", "bird", '
+            '"automobile", "airplane"] where the model has ["airplane", "automobile", "bird", "cat", "deer", "dog", '
+            '"frog", "horse", "ship", "truck"]. Export the model again.',
+        ),
+        (
+            edit_metadata(lambda metadata: metadata.update(top_k=3)),
+            f"{{version}}/metadata.json is not the one exported with the ONNX model {ONNX} (edited, or another "
+            "export's): it says top_k=3 where the model has 5. Export the model again.",
+        ),
+        (
+            edit_metadata(lambda metadata: metadata["input"].update(normalization_mean=[126.3, 123.0, 113.9])),
+            f"{{version}}/metadata.json is not the one exported with the ONNX model {ONNX} (edited, or another "
+            'export\'s): it says input={{"channels": 3, "crop": "resize", "image_size": 32, "normalization_mean": '
+            '[126.3, 123.0, 113.9], "normalization_std": [63.0, 62.1, 66.7], "pixel_range": [0, 255]}} where the '
+            'model has {{"channels": 3, "crop": "resize", "image_size": 32, "normalization_mean": [125.3, 123.0, '
+            "113.9], ",
+        ),
+        (
+            edit_metadata(lambda metadata: metadata["input"].update(crop="central_crop")),
+            f"{{version}}/metadata.json is not the one exported with the ONNX model {ONNX} (edited, or another "
+            'export\'s): it says input={{"channels": 3, "crop": "central_crop", ',
+        ),
+        (
             edit_metadata(lambda metadata: metadata.pop("class_names")),
             "{version}/metadata.json has no list of class names ('class_names'): export the model again.",
         ),
@@ -590,6 +616,10 @@ ONNX = "{version}/onnx/predict_pixels.onnx"
     ],
     ids=[
         "3 class names for 10 outputs",
+        "class names reordered",
+        "top_k 3 for 5",
+        "a mean moved by 1",
+        "another crop",
         "no class names",
         "empty file",
         "a FIFO for a file",
@@ -613,10 +643,28 @@ def test_a_version_missing_an_onnx_model_is_not_served_by_onnxruntime(exported, 
         ModelServer(str(directory), runtime="onnxruntime")
 
 
-def test_the_onnx_hashes_are_recorded_at_export(exported):
+def test_the_onnx_hashes_and_answer_fields_are_recorded_at_export(exported):
     metadata = contract.read_metadata(str(exported / "1"))
     for signature, file in metadata["onnx"]["files"].items():
         assert metadata["onnx"]["sha256"][signature] == pretrained.sha256(str(exported / "1" / file))
+        properties = onnx.load(str(exported / "1" / file)).metadata_props
+        assert {entry.key: json.loads(entry.value) for entry in properties} == {
+            contract.ONNX_ANSWER_KEY: {field: metadata[field] for field in contract.ANSWER_FIELDS}
+        }
+
+
+def test_onnx_models_of_an_older_export_are_served_with_a_warning(exported, tmp_path):
+    def older(version):
+        for name in contract.ONNX_MODELS:
+            model = onnx.load(str(version / contract.onnx_file(name)))
+            del model.metadata_props[:]
+            onnx.save(model, str(version / contract.onnx_file(name)))
+        edit_metadata(lambda metadata: metadata["onnx"].pop("sha256"))(version)
+
+    directory = damaged_copy(exported, tmp_path, older)
+    with pytest.warns(UserWarning, match=r"records no class names, input or top_k .*served unchecked"):
+        server = ModelServer(str(directory), runtime="onnxruntime")
+    assert server.runtime.name == "onnxruntime"
 
 
 def test_the_tensorflow_runtime_checks_the_class_names_too(exported, tmp_path):

@@ -17,6 +17,7 @@ pixels and answers `probabilities` only, as phones and microcontrollers use it.
 """
 
 import dataclasses
+import json
 import os
 import re
 
@@ -77,6 +78,13 @@ ONNX_MODELS = tuple(name for name, signature in SIGNATURES.items() if signature.
 ONNX_OUTPUTS = ("logits", "probabilities", "class_ids")
 # onnxruntime's names of the ONNX models' input types.
 ONNX_TYPES = {"uint8": "tensor(uint8)", "float32": "tensor(float)"}
+# The fields of metadata.json that an ONNX runtime's answers depend on beyond the models: the
+# class names it answers, how an encoded image becomes the network's input, and the length of
+# each answer's ranking. Every ONNX model records them as exported (JSON, under
+# ONNX_ANSWER_KEY in its metadata_props), so that an edited metadata.json is refused, not
+# served; the SavedModel holds all of them in its graph.
+ANSWER_FIELDS = ("class_names", "input", "top_k")
+ONNX_ANSWER_KEY = "keras_preact.answer"
 
 
 # The precisions each format is written in: float32 always, and on request (`export
@@ -88,6 +96,12 @@ QUANTIZED = ("float16", "int8")
 LITERT_DIRECTORY = "litert"
 LITERT_SIGNATURE = "predict_pixels"
 LITERT_OUTPUT = "probabilities"
+
+
+def answer_fields(metadata):
+    """The JSON text of metadata.json's ANSWER_FIELDS (keys sorted), as the ONNX models record
+    them; a field metadata.json lacks is null."""
+    return json.dumps({field: metadata.get(field) for field in ANSWER_FIELDS}, sort_keys=True)
 
 
 def onnx_file(name, precision="float32"):

@@ -257,6 +257,9 @@ def export_saved_model(
     partial = os.path.join(directory, f".partial-{version}")
     files.make_directory(directory, "model folder")
     shutil.rmtree(partial, ignore_errors=True)
+    answer = dict(
+        class_names=class_names, input=dict(dataclasses.asdict(preprocessing), pixel_range=[0, 255]), top_k=top_k
+    )
     try:
         described_files = write_version(
             partial,
@@ -268,6 +271,7 @@ def export_saved_model(
             formats,
             written,
             pixels,
+            contract.answer_fields(answer),
         )
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -275,11 +279,9 @@ def export_saved_model(
     description = dict(
         name=os.path.basename(os.path.normpath(directory)),
         version=version,
-        class_names=class_names,
-        input=dict(dataclasses.asdict(preprocessing), pixel_range=[0, 255]),
+        **answer,
         signatures={name: signature.describe(preprocessing.shape) for name, signature in contract.SIGNATURES.items()},
         outputs=list(contract.OUTPUTS),
-        top_k=top_k,
         network=network.name,
         formats=list(formats),
         folded_batch_norms=getattr(network, "folded_batch_norms", 0),
@@ -333,9 +335,12 @@ def checked_precisions(formats, precisions):
     }
 
 
-def write_version(partial, archive, trained, preprocessing, normalization, fold_batch_norms, formats, written, pixels):
-    """Writes every format of one version into the folder `partial`; returns what
-    metadata.json records of the ONNX and LiteRT files (`contract.onnx_models`)."""
+def write_version(
+    partial, archive, trained, preprocessing, normalization, fold_batch_norms, formats, written, pixels, answer
+):
+    """Writes every format of one version into the folder `partial`, each ONNX model recording
+    `answer` (`contract.answer_fields`); returns what metadata.json records of the ONNX and
+    LiteRT files (`contract.onnx_models`)."""
     if "saved_model" in formats:
         archive.write_out(partial, verbose=False)
     else:
@@ -349,6 +354,7 @@ def write_version(partial, archive, trained, preprocessing, normalization, fold_
     described = {}
     if "onnx" in formats:
         onnx_files = export_onnx(separated, partial, preprocessing, normalization)
+        record_answer(partial, onnx_files, answer)
         described["onnx"] = dict(
             files=onnx_files, outputs=list(contract.ONNX_OUTPUTS), sha256=digests(partial, onnx_files)
         )
@@ -358,6 +364,7 @@ def write_version(partial, archive, trained, preprocessing, normalization, fold_
             int8_files = quantize_onnx(
                 partial, onnx_files, pixels, lambda images: normalization(images.astype(np.float32))
             )
+            record_answer(partial, int8_files, answer)
             described["onnx"]["quantized"] = dict(
                 int8=dict(files=int8_files, sha256=digests(partial, int8_files), calibration_images=len(pixels))
             )
@@ -373,6 +380,18 @@ def write_version(partial, archive, trained, preprocessing, normalization, fold_
             **(dict(calibration_images=len(pixels)) if "int8" in litert_files else {}),
         )
     return described
+
+
+def record_answer(path, relative_files, answer):
+    """Records `answer` (`contract.answer_fields`) under `contract.ONNX_ANSWER_KEY` in the
+    metadata_props of each ONNX model in `relative_files` ({signature: path relative to `path`})."""
+    import onnx
+
+    for file in relative_files.values():
+        model = onnx.load(os.path.join(path, file))
+        properties = {entry.key: entry.value for entry in model.metadata_props}
+        onnx.helper.set_model_props(model, {**properties, contract.ONNX_ANSWER_KEY: answer})
+        onnx.save(model, os.path.join(path, file))
 
 
 def digests(path, relative_files):

@@ -7,6 +7,7 @@ names and scores come from the probabilities (ties to the lower class id, as
 `tf.math.top_k`) and metadata.json's class names.
 """
 
+import json
 import os
 import warnings
 
@@ -79,6 +80,7 @@ class OnnxRuntime:
                     f"export it again): {type(error).__name__}: {reason}"
                 ) from None
             check_session(session, file, contract.SIGNATURES[signature], preprocessing.shape, len(class_names))
+            check_answer(session, file, metadata, metadata_path)
             self.sessions[signature] = session
         if not digests:
             warnings.warn(
@@ -111,6 +113,35 @@ class OnnxRuntime:
         ranked = np.argsort(-outputs["probabilities"], axis=-1, kind="stable")[:, : self.top_k]
         return dict(
             outputs, classes=self.class_names[ranked], scores=np.take_along_axis(outputs["probabilities"], ranked, -1)
+        )
+
+
+def check_answer(session, file, metadata, metadata_path):
+    """Raises a ValueError naming the fields where metadata.json's class names, input or top_k
+    (`contract.ANSWER_FIELDS`) are not those the ONNX model `file` was exported with; a model
+    exported before the models recorded them is served with a warning."""
+    recorded = session.get_modelmeta().custom_metadata_map.get(contract.ONNX_ANSWER_KEY)
+    if recorded is None:
+        warnings.warn(
+            f"The ONNX model {file} records no class names, input or top_k (exported by an older "
+            f"keras-preact): {metadata_path}'s are served unchecked.",
+            stacklevel=3,
+        )
+        return
+    try:
+        exported = json.loads(recorded)
+    except ValueError:
+        exported = {}
+    served = json.loads(contract.answer_fields(metadata))
+    edited = [field for field in contract.ANSWER_FIELDS if served[field] != exported.get(field)]
+    if edited:
+        said = "; ".join(
+            f"{field}={json.dumps(served[field])[:200]} where the model has {json.dumps(exported.get(field))[:200]}"
+            for field in edited
+        )
+        raise ValueError(
+            f"{metadata_path} is not the one exported with the ONNX model {file} (edited, or another "
+            f"export's): it says {said}. Export the model again."
         )
 
 

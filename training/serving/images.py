@@ -2,9 +2,10 @@
 `serving_default` computes it with TensorFlow (`export.decode`), for the onnxruntime
 runtime, which imports neither TensorFlow nor Keras.
 
-The pixels equal TensorFlow's for JPEG (both decode with libjpeg's accurate integer
-DCT), PNG (8-bit, and 16-bit grey), GIF (its first frame, `requests.first_frame_png`)
-and BMP, to 1 or 3 channels; the resize is TensorFlow's bilinear resize
+The pixels equal TensorFlow's for every file the server accepts (`containers.check` refuses
+those where they would not): JPEG (both decode with libjpeg-turbo's accurate integer DCT,
+here through simplejpeg), PNG, GIF (its first frame, `requests.first_frame_png`) and BMP, to
+1 or 3 channels; the resize is TensorFlow's bilinear resize
 (`tf.image.resize`: half-pixel centres, no antialiasing) in float32, in TensorFlow's order
 of operations (tests/test_serving_onnx.py compares them pixel for pixel). What differs is
 documented on `decode`.
@@ -20,6 +21,9 @@ from .. import contract
 # Formats decoded to their own channels, then converted (`to_channels`), as `export.decode`
 # does with TensorFlow's GIF and BMP decoders; JPEG and PNG decode to the channels asked.
 OWN_CHANNELS = ("GIF", "BMP")
+# Pillow's names of JPEG files: an MPO (a camera's several JPEGs in one file) is decoded as
+# its first JPEG, as TensorFlow does.
+JPEG_FORMATS = ("JPEG", "MPO")
 # `tf.image.rgb_to_grayscale`'s weights (ITU-R BT.601), for GIF and BMP.
 GREY_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], np.float32)
 # libpng's weights of red, green and blue for colour PNGs decoded to grey, in units of
@@ -32,13 +36,9 @@ def decode(encoded, channels):
     """Encoded JPEG, PNG, GIF or BMP bytes -> uint8 pixels [height, width, channels], as
     TensorFlow decodes them for the SavedModel.
 
-    JPEG: RGB from libjpeg's YCbCr conversion, grey as libjpeg's luminance (Pillow's
-    draft mode asks libjpeg for it). PNG: grey repeated to RGB, alpha dropped (not
-    composited), a palette expanded; to grey with libpng's weights. GIF and BMP: their own
-    channels, alpha dropped, grey repeated, RGB to grey with `GREY_WEIGHTS`.
-
-    Not compared with TensorFlow: 16-bit colour PNGs (Pillow reduces them to 8 bits as it
-    opens them) and CMYK JPEGs (TensorFlow refuses them; Pillow converts them).
+    JPEG: `decode_jpeg`. PNG: grey repeated to RGB, alpha dropped (not composited), a
+    palette expanded, 16 bits to their high byte; to grey with libpng's weights. GIF and
+    BMP: their own channels, alpha dropped, grey repeated, RGB to grey with `GREY_WEIGHTS`.
 
     Raises:
         ValueError: for bytes that do not decode.
@@ -46,8 +46,8 @@ def decode(encoded, channels):
     try:
         with Image.open(io.BytesIO(encoded)) as image:
             kind = image.format
-            if kind == "JPEG" and channels == 1:
-                image.draft("L", image.size)
+            if kind in JPEG_FORMATS:
+                return decode_jpeg(encoded, channels, image)
             if kind in OWN_CHANNELS:
                 return to_channels(own_channels(image), channels)
             if image.mode.startswith("I"):  # 16-bit grey: its high byte
@@ -60,6 +60,22 @@ def decode(encoded, channels):
             return png_grey(image)
     except (OSError, ValueError, SyntaxError, EOFError) as error:  # what Pillow raises for damaged files
         raise ValueError(f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:120]}") from None
+
+
+def decode_jpeg(encoded, channels, image):
+    """A JPEG (or an MPO's first frame) decoded by libjpeg-turbo through simplejpeg as
+    TensorFlow's decoder does: the accurate integer DCT, fancy upsampling, grey as libjpeg's
+    luminance, and strict, so that a file libjpeg warns of (corrupt or truncated data) is
+    refused, where Pillow would decode what it can. A CMYK JPEG (`image`'s mode; to 3
+    channels, since `containers.check` refuses it for 1) is checked so, then converted by
+    Pillow, whose conversion to RGB equals TensorFlow's."""
+    import simplejpeg
+
+    if image.mode == "CMYK":
+        simplejpeg.decode_jpeg(encoded, colorspace="CMYK", strict=True)
+        return np.asarray(image.convert("RGB"))
+    colourspace = "RGB" if channels == 3 else "GRAY"
+    return simplejpeg.decode_jpeg(encoded, colorspace=colourspace, fastdct=False, fastupsample=False, strict=True)
 
 
 def own_channels(image):
@@ -95,13 +111,14 @@ def png_grey(image):
 def resize_bilinear(pixels, height, width):
     """float32 [h, w, c] -> [height, width, c] as `tf.image.resize(..., "bilinear")`: half-pixel
     centres, no antialiasing, computed in float32 in TensorFlow's order (along the columns,
-    then between the rows)."""
-    pixels = pixels.astype(np.float32)
+    then between the rows). Only the rows and columns the output reads are converted to
+    float32 (exactly, from uint8): a 4096 x 4096 image to 32 x 32 reads 64 of each."""
     top, bottom, row_fraction = axis_weights(pixels.shape[0], height)
     left, right, column_fraction = axis_weights(pixels.shape[1], width)
 
     def along_columns(rows):
-        return rows[:, left] + (rows[:, right] - rows[:, left]) * column_fraction[None, :, None]
+        on_the_left, on_the_right = rows[:, left].astype(np.float32), rows[:, right].astype(np.float32)
+        return on_the_left + (on_the_right - on_the_left) * column_fraction[None, :, None]
 
     upper, lower = along_columns(pixels[top]), along_columns(pixels[bottom])
     return upper + (lower - upper) * row_fraction[:, None, None]

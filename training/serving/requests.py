@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from . import containers
+
 # What the images of one request may hold, read from their headers before decoding: one
 # image at most 4096 x 4096 pixels, the request's images together four times that (about
 # 200 MB decoded as RGB). A 20000 x 20000 PNG of 431 KB is refused in milliseconds.
@@ -121,7 +123,7 @@ def parse(body, signatures, image_shape, max_batch):
     elif not row_format and isinstance(values, dict) and key in values:
         values = values[key]
     values = to_values(values, signature, signature.shape(image_shape), max_batch)
-    values, pixels = checked_images(values, key) if signature.dtype == "string" else (values, 0)
+    values, pixels = checked_images(values, key, image_shape[-1]) if signature.dtype == "string" else (values, 0)
     return Parsed(name, key, values, row_format, pixels)
 
 
@@ -219,10 +221,11 @@ def count_separators(body, limit):
     return count
 
 
-def checked_images(images, key):
-    """The encoded `images` as the network decodes them, and their pixels, read from their
-    headers (Pillow reads a header without decoding the image): a BadRequest for files that
-    are not JPEG, PNG, GIF or BMP, for an image over MAX_IMAGE_PIXELS and for a request over
+def checked_images(images, key, channels):
+    """The encoded `images` as the network of `channels` decodes them, and their pixels, read
+    from their headers (Pillow reads a header without decoding the image): a BadRequest for
+    files that are not JPEG, PNG, GIF or BMP, for those the two runtimes would decode
+    differently (`containers.check`), for an image over MAX_IMAGE_PIXELS and for a request over
     MAX_REQUEST_PIXELS. A GIF (`FIRST_FRAME_ONLY`) is replaced by its first frame as PNG,
     decoded here once its size is known to fit, so that no later frame is ever decoded."""
     total, checked = 0, []
@@ -232,6 +235,7 @@ def checked_images(images, key):
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # refused below, by our own bound
                 with Image.open(io.BytesIO(encoded), formats=IMAGE_FORMATS) as image:
                     width, height = image.size
+                    image_format, mode = image.format, image.mode
                     if width * height <= MAX_IMAGE_PIXELS and image.format in FIRST_FRAME_ONLY:
                         encoded = first_frame_png(image)
         except Image.DecompressionBombError as error:  # over 179 million pixels: refused by Pillow itself
@@ -251,6 +255,10 @@ def checked_images(images, key):
                 f"decodes at most {MAX_IMAGE_PIXELS:,} pixels an image.",
                 413,
             )
+        try:
+            containers.check(encoded, image_format, mode, channels)
+        except ValueError as error:
+            raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): {error}") from None
         total += width * height
         checked.append(encoded)
     if total > MAX_REQUEST_PIXELS:

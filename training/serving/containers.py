@@ -1,0 +1,97 @@
+"""The image files both runtimes decode alike, told from their bytes before either decodes them.
+
+TensorFlow's decoders (the SavedModel's) and Pillow's (the onnxruntime runtime's) disagree on
+some files: TensorFlow's BMP decoder reads only uncompressed 24- and 32-bit BMPs and 8-bit
+ones as grey (a palette's indices taken as grey levels), libpng refuses a PNG with a bad CRC
+or no IEND chunk where Pillow decodes what it can, Pillow opens a 16-bit colour PNG in 8 bits
+where libpng makes its grey from the 16, and TensorFlow has no grey of a CMYK JPEG. Such a
+file is refused here, for both runtimes, with a reason; every other accepted file gets the
+same pixels from both (tests/test_serving_formats.py enumerates them).
+"""
+
+import struct
+import zlib
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# PNG colour types with red, green and blue (RGB, RGB with alpha).
+PNG_COLOUR_TYPES = (2, 6)
+# BMPs TensorFlow decodes as Pillow does: uncompressed (BI_RGB) rows of these bits a pixel;
+# 8-bit ones only where their palette is the grey ramp (Pillow's mode "L").
+BMP_BITS = (24, 32)
+BMP_GREY_BITS = 8
+BMP_INFO_HEADER = 40  # BITMAPINFOHEADER; OS/2's 12-byte header places its fields elsewhere
+SEND_PNG = "send it as PNG or JPEG"
+# Chunks a PNG may hold (a 4096 x 4096 PNG in libpng's 8 KB IDAT chunks has about 6,000): the
+# walk over them stays within milliseconds.
+MAX_PNG_CHUNKS = 2**16
+
+
+def check(encoded, image_format, mode, channels):
+    """Raises a ValueError that says why, where the runtimes would decode `encoded` (of Pillow's
+    `image_format` and `mode`, read from its header) differently or one of them not at all,
+    for a network of `channels`."""
+    if image_format == "PNG":
+        check_png(encoded, channels)
+    elif image_format == "BMP":
+        check_bmp(encoded, mode)
+    elif image_format in ("JPEG", "MPO") and mode == "CMYK" and channels == 1:
+        raise ValueError(
+            f"a CMYK JPEG for a 1-channel model: TensorFlow's JPEG decoder makes no grey of CMYK; {SEND_PNG}"
+        )
+
+
+def check_png(encoded, channels):
+    """Every chunk whole, with its CRC, up to IEND (as libpng requires); no 16-bit colour for
+    a 1-channel model."""
+    position, kind, chunks = len(PNG_SIGNATURE), b"", 0
+    while kind != b"IEND":
+        chunks += 1
+        if chunks > MAX_PNG_CHUNKS:
+            raise ValueError(f"a PNG of more than {MAX_PNG_CHUNKS:,} chunks")
+        if position + 8 > len(encoded):
+            raise ValueError("a damaged PNG: it ends before its IEND chunk (truncated)")
+        (length,) = struct.unpack(">I", encoded[position : position + 4])
+        kind = encoded[position + 4 : position + 8]
+        end = position + 12 + length
+        if end > len(encoded):
+            raise ValueError(f"a damaged PNG: its {kind.decode('latin-1')!r} chunk is cut short (truncated)")
+        (crc,) = struct.unpack(">I", encoded[end - 4 : end])
+        if zlib.crc32(encoded[position + 4 : end - 4]) != crc:
+            raise ValueError(f"a damaged PNG: its {kind.decode('latin-1')!r} chunk's CRC is wrong")
+        if (
+            kind == b"IHDR"
+            and channels == 1
+            and encoded[position + 16] == 16
+            and encoded[position + 17] in PNG_COLOUR_TYPES
+        ):
+            raise ValueError(
+                "a 16-bit colour PNG for a 1-channel model: its grey is made from 16 bits by TensorFlow's "
+                "decoder and from 8 by Pillow's; send it in 8 bits, as grey, or as JPEG"
+            )
+        position = end
+
+
+def check_bmp(encoded, mode):
+    """An uncompressed BMP of 24 or 32 bits, or 8 bits of grey, whole."""
+    if len(encoded) < 14 + BMP_INFO_HEADER:
+        raise ValueError("a damaged BMP: its header is cut short (truncated)")
+    (offset,) = struct.unpack("<I", encoded[10:14])
+    header, width, height, _, bits, compression = struct.unpack("<IiiHHI", encoded[14:34])
+    if header < BMP_INFO_HEADER:
+        raise ValueError(
+            f"an OS/2 BMP (a header of {header} bytes): TensorFlow's BMP decoder reads Windows BMPs; {SEND_PNG}"
+        )
+    grey = bits == BMP_GREY_BITS and mode == "L"
+    if compression != 0 or not (bits in BMP_BITS or grey):
+        kind = f"{bits} bit{'s' if bits != 1 else ''} a pixel" + (" with a palette" if bits <= 8 else "")
+        kind += ", compressed" if compression else ""
+        raise ValueError(
+            f"a BMP of {kind}: TensorFlow's BMP decoder reads uncompressed BMPs of 24 or 32 bits and "
+            f"8-bit grey ones only; {SEND_PNG}"
+        )
+    stride = (abs(width) * bits + 31) // 32 * 4
+    if offset + stride * abs(height) > len(encoded):
+        raise ValueError(
+            f"a damaged BMP: its {abs(height)} rows need {offset + stride * abs(height)} bytes, the file "
+            f"has {len(encoded)} (truncated)"
+        )

@@ -4,7 +4,8 @@
     model.py               ModelServer: one exported version and TF Serving's semantics over it
     tensorflow_runtime.py  the SavedModel's signatures on TensorFlow
     onnx_runtime.py        the same signatures on onnxruntime, with images.py's decoding
-    images.py              encoded images to the network's input with Pillow and NumPy
+    images.py              encoded images to the network's input with simplejpeg, Pillow and NumPy
+    containers.py          the image files both runtimes decode alike, told before decoding
     batching.py            the requests that wait while the network is busy, run as one call
     application.py         the Starlette application: routes, errors as JSON, the in-flight bound
     connections.py         a deadline, a bound and JSON errors around uvicorn's h11 protocol
@@ -12,5 +13,5 @@
 
 The exported model's contract (its signatures, files and metadata) is
 `keras_preact_training.contract`, which export writes and serving reads. The onnxruntime
-runtime imports neither TensorFlow nor Keras: a deployment that serves ONNX models needs only onnxruntime, NumPy, Pillow, Starlette and uvicorn.
+runtime imports neither TensorFlow nor Keras: a deployment that serves ONNX models needs only onnxruntime, NumPy, Pillow, simplejpeg, Starlette and uvicorn.
 """

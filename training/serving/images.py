@@ -7,8 +7,7 @@ those where they would not): JPEG (both decode with libjpeg-turbo's accurate int
 here through simplejpeg), PNG, GIF (its first frame, `requests.first_frame_png`) and BMP, to
 1 or 3 channels; the resize is TensorFlow's bilinear resize
 (`tf.image.resize`: half-pixel centres, no antialiasing) in float32, in TensorFlow's order
-of operations (tests/test_serving_onnx.py compares them pixel for pixel). What differs is
-documented on `decode`.
+of operations (tests/test_serving_onnx.py compares them pixel for pixel).
 """
 
 import io
@@ -109,10 +108,11 @@ def png_grey(image):
 
 
 def resize_bilinear(pixels, height, width):
-    """float32 [h, w, c] -> [height, width, c] as `tf.image.resize(..., "bilinear")`: half-pixel
-    centres, no antialiasing, computed in float32 in TensorFlow's order (along the columns,
-    then between the rows). Only the rows and columns the output reads are converted to
-    float32 (exactly, from uint8): a 4096 x 4096 image to 32 x 32 reads 64 of each."""
+    """Pixels [h, w, c] (uint8 or float32) -> float32 [height, width, c] as
+    `tf.image.resize(..., "bilinear")`: half-pixel centres, no antialiasing, computed in
+    float32 in TensorFlow's order (along the columns, then between the rows). Only the rows
+    and columns the output reads are converted to float32 (exactly, from uint8): a 4096 x
+    4096 image to 32 x 32 reads 64 of each."""
     top, bottom, row_fraction = axis_weights(pixels.shape[0], height)
     left, right, column_fraction = axis_weights(pixels.shape[1], width)
 

@@ -274,6 +274,10 @@ def test_serve_start_errors_name_the_port_or_file(served, tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "error: max_in_flight must be a positive integer. Received: max_in_flight=0" in result.stderr
 
+    result = serve_command(str(directory), "--max-body-memory", "0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "error: max_body_memory must be a positive integer (mebibytes). Received: max_body_memory=0" in result.stderr
+
     busy = int(client.url.rsplit(":", 1)[1])  # the fixture's server listens there
     result = serve_command(str(directory), "--port", str(busy))
     assert result.returncode == 2 and "Traceback" not in result.stderr

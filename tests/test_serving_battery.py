@@ -19,15 +19,17 @@ import onnx
 import pytest
 import tensorflow as tf
 from PIL import Image
+from starlette.requests import ClientDisconnect, Request
 
 import keras_preact
 from keras_preact import pretrained
 from keras_preact_training import client as query_client
 from keras_preact_training import contract, export, input_tensorflow
+from keras_preact_training.serving.application import ServingAPI
 from keras_preact_training.serving.batching import Batcher
 from keras_preact_training.serving.connections import Connections
 from keras_preact_training.serving.model import RUNTIMES, ModelServer
-from keras_preact_training.serving.requests import Parsed
+from keras_preact_training.serving.requests import UNDECODABLE, Parsed
 from keras_preact_training.serving.server import listening_socket
 from tests.conftest import KERAS_PREACT
 from tests.test_export import CIFAR, calibrated, random_pixels
@@ -152,6 +154,53 @@ def test_a_network_that_answers_too_few_requests_fails_the_batch_and_frees_the_s
         )
         and idle == 2
     )
+
+
+def summed(requests):
+    return [{"sum": np.array([float(np.sum(request.values))])} for request in requests]
+
+
+def fake_request(body, leaves=None):
+    """A Starlette request for `:predict` whose body is `body`; its client leaves (uvicorn's
+    "http.disconnect") once the event `leaves` is set, or never."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await (leaves or asyncio.Event()).wait()
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "headers": [], "path_params": {"name": "blocking"}}
+    return Request(scope, receive)
+
+
+def test_a_request_whose_client_has_gone_leaves_the_queue_unrun():
+    """Both inference threads busy, two requests wait; the client of the first leaves: its
+    request is answered ClientDisconnect at once and never reaches the network, the other is
+    run, and the in-flight count and the bodies' bytes come back to 0."""
+    model = BlockingModel(answers=summed)
+    model.name, model.check_version = "blocking", lambda version: None
+    model.parse = lambda body: pixel_request(1, int(body))
+    api = ServingAPI(model)
+
+    async def run():
+        leaves = asyncio.Event()
+        busy = [asyncio.ensure_future(api.predict(fake_request(body))) for body in (b"1", b"2")]
+        await asyncio.sleep(0.3)  # both threads blocked
+        gone = asyncio.ensure_future(api.predict(fake_request(b"3", leaves)))
+        stays = asyncio.ensure_future(api.predict(fake_request(b"4")))
+        await asyncio.sleep(0.3)
+        assert api.in_flight == 4 and api.body_bytes == 4
+        leaves.set()
+        with pytest.raises(ClientDisconnect):
+            await asyncio.wait_for(gone, timeout=10)
+        model.release.set()
+        answers = await asyncio.wait_for(asyncio.gather(*busy, stays), timeout=60)
+        return [json.loads(answer.body)["predictions"][0]["sum"] for answer in answers]
+
+    assert asyncio.run(run()) == [float(np.sum(pixel_request(1, value).values)) for value in (1, 2, 4)]
+    assert model.calls == [[1], [1], [1]] and api.in_flight == 0 and api.body_bytes == 0
 
 
 def soak_pool(count=24):
@@ -424,6 +473,42 @@ def test_a_body_of_millions_of_values_is_refused_before_it_is_parsed(served):
     assert peak_megabytes(server) - before < 4 * 3 * 57, (before, peak_megabytes(server))
     status, answer = client.post(PATH, {"instances": [b64(jpegs(random_pixels(1, CIFAR))[0])]})
     assert status == 200
+
+
+@pytest.mark.parametrize("runtime", tuple(RUNTIMES))
+def test_bodies_past_the_memory_bound_are_read_dropped_and_answered_503(exported, runtime):
+    """`--max-body-memory 16` (MiB): three clients send 7 MiB of their 10 MiB bodies, wait
+    for one another, then send the rest. The three first parts together pass 16 MiB before
+    any request can end, so at least one body is dropped as it is read and answered 503
+    with Retry-After on its open connection (not reset); afterwards a lone 10 MiB body is
+    held and parsed again (400: not an image)."""
+    server, port = start_server(exported, "--runtime", runtime, "--max-body-memory", "16")
+    body = b'{"instances": ["' + b"a" * (10 * 2**20) + b'"]}'
+    first = 7 * 2**20
+    together = threading.Barrier(3)
+
+    def send(_):
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as connection:
+            connection.sendall(PREDICT + b"Host: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:first])
+            together.wait(timeout=60)
+            connection.sendall(body[first:])
+            answer = http.client.HTTPResponse(connection)
+            answer.begin()
+            return answer.status, answer.getheader("Retry-After"), json.loads(answer.read())["error"]
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as threads:
+            answers = list(threads.map(send, range(3)))
+        busy = (
+            503,
+            "1",
+            "The server is busy: the request bodies it holds pass 16 MiB (--max-body-memory). Retry after 1 s.",
+        )
+        assert busy in answers and all(answer == busy or answer[0] == 400 for answer in answers), answers
+        status, answer = Client(f"http://127.0.0.1:{port}").post(PATH, body)
+        assert status == 400 and answer["error"].startswith(UNDECODABLE), answer
+    finally:
+        stop_server(server)
 
 
 # 5. HTTP framing ---------------------------------------------------------------------------

@@ -344,6 +344,13 @@ def parser():
         f"Retry-After (default: {defaults.DEFAULT_MAX_IN_FLIGHT})",
     )
     serve_parser.add_argument(
+        "--max-body-memory",
+        type=int,
+        default=defaults.DEFAULT_MAX_BODY_MEMORY,
+        help="most mebibytes of prediction request bodies held at once, each counted as it arrives; "
+        f"past it, 503 with Retry-After (default: {defaults.DEFAULT_MAX_BODY_MEMORY})",
+    )
+    serve_parser.add_argument(
         "--request-timeout",
         type=float,
         default=defaults.DEFAULT_REQUEST_TIMEOUT,
@@ -802,6 +809,7 @@ def serve_command(arguments):
         arguments.batching,
         arguments.runtime,
         arguments.precision,
+        arguments.max_body_memory,
     )
     return 0
 

@@ -14,12 +14,15 @@ EXPORT_FORMATS = ("saved_model", "onnx", "litert", "all")  # the first is the de
 ONNX_EXTRA = 'pip install "keras-preact[onnx]"'
 LITERT_EXTRA = 'pip install "keras-preact[litert]"'
 # serve: TF Serving's REST port, the most instances one request may hold, the most
-# :predict requests in flight at once (past it: 503), and the seconds a request has to
-# arrive whole (past it: 408).
+# :predict requests in flight at once (past it: 503), the seconds a request has to arrive
+# whole (past it: 408), and the mebibytes of request bodies held at once (past it: 503). A
+# body costs the server about 2.5 times its size until it is answered (a 60 MB body of
+# numbers: 134-165 MB), so 256 MiB of bodies keep a 4 GB, 2-core server within its memory.
 DEFAULT_PORT = 8501
 DEFAULT_MAX_BATCH = 64
 DEFAULT_MAX_IN_FLIGHT = 256
 DEFAULT_REQUEST_TIMEOUT = 10.0
+DEFAULT_MAX_BODY_MEMORY = 256
 # evaluate: images per inference batch, a memory bound only (results do not depend on it).
 EVALUATION_BATCH_SIZE = 500
 # evaluate: the splits it measures, each with the name its report gives the error.

@@ -6,8 +6,10 @@
 
 Starlette routes (404 for other paths, 405 with Allow for other methods); every error,
 routing's included, is TF Serving's `{"error": "..."}` with its HTTP status. `:predict`
-bounds the requests in flight (503 with Retry-After past it) and the body while reading
-it, parses off the event loop, and runs the network through the `Batcher`.
+bounds the requests in flight and the bytes of the bodies held (503 with Retry-After past
+either, the body read and dropped, so that the client gets the answer and not a reset) and
+the body while reading it, parses off the event loop, runs the network through the
+`Batcher`, and drops a request whose client has gone before the network runs it.
 `ConnectionGuard` checks each request's head, tells its connection where the request
 stands (`connections.Connection`), and closes connections whose body was not read.
 """
@@ -22,7 +24,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..defaults import DEFAULT_MAX_IN_FLIGHT
+from ..defaults import DEFAULT_MAX_BODY_MEMORY, DEFAULT_MAX_IN_FLIGHT
 from . import requests
 from .batching import Batcher
 from .connections import MAX_HEAD_BYTES, RETRY_AFTER_SECONDS
@@ -66,16 +68,22 @@ class ServingAPI:
 
     Args:
         model: the ModelServer.
-        max_in_flight: the most `:predict` requests parsed, queued or running at once;
-            past it a request is answered 503 with Retry-After as soon as its body is read.
+        max_in_flight: the most `:predict` requests read, parsed, queued or running at once;
+            past it a request is answered 503 with Retry-After once its body is read (and
+            dropped).
         batching: whether requests waiting together are run as one batch.
+        max_body_memory: the most bytes of request bodies held at once, each counted as it
+            arrives until its request is answered; past it the body is dropped as it is
+            read and answered 503 with Retry-After.
     """
 
-    def __init__(self, model, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True):
+    def __init__(self, model, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True, max_body_memory=None):
         self.model, self.max_in_flight = model, max_in_flight
+        self.max_body_memory = DEFAULT_MAX_BODY_MEMORY * 2**20 if max_body_memory is None else max_body_memory
         self.batcher = Batcher(model, batching=batching)
         self.parsing = concurrent.futures.ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="parse")
         self.in_flight = 0
+        self.body_bytes = 0  # of the bodies held now
 
     def routes(self):
         routes = []
@@ -103,37 +111,87 @@ class ServingAPI:
 
     async def predict(self, request):
         model = self.served(request)
-        body = await read_body(request)
-        if self.in_flight >= self.max_in_flight:
-            raise BadRequest(
-                f"The server is busy: {self.max_in_flight} requests are in flight (--max-in-flight). "
-                f"Retry after {RETRY_AFTER_SECONDS} s.",
-                503,
-            )
-        self.in_flight += 1
+        check_length(request)
+        admitted = self.in_flight < self.max_in_flight
+        if admitted:
+            self.in_flight += 1
+        held = [0]  # the bytes of this request's body counted in self.body_bytes
         try:
+            body = await self.read_body(request, held, keep=admitted)
+            if not admitted:
+                raise BadRequest(
+                    f"The server is busy: {self.max_in_flight} requests are in flight (--max-in-flight). "
+                    f"Retry after {RETRY_AFTER_SECONDS} s.",
+                    503,
+                )
             loop = asyncio.get_running_loop()
             parsed = await loop.run_in_executor(self.parsing, model.parse, body)  # up to 64 MiB: off the loop
             del body
-            outputs = await self.batcher.infer(parsed)
+            outputs = await unless_client_leaves(request, self.batcher.infer(parsed))
             return JSONResponse(await loop.run_in_executor(self.parsing, requests.answer, parsed, outputs))
         finally:
-            self.in_flight -= 1
+            if admitted:
+                self.in_flight -= 1
+            self.body_bytes -= held[0]
+
+    async def read_body(self, request, held, keep=True):
+        """The request body, each chunk counted in self.body_bytes (and `held`) as it
+        arrives; refused with a 413 as soon as it passes MAX_BODY_BYTES. Where the bodies
+        held pass max_body_memory, or `keep` is false, the rest is read and dropped, and
+        the body is None (a 503 where the memory bound was passed)."""
+        chunks, size, over = [], 0, False
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes.", 413)
+            if not keep or over:
+                continue
+            self.body_bytes += len(chunk)
+            held[0] += len(chunk)
+            chunks.append(chunk)
+            if self.body_bytes > self.max_body_memory:
+                over = True
+                chunks.clear()
+                self.body_bytes -= held[0]
+                held[0] = 0
+        if over:
+            raise BadRequest(
+                f"The server is busy: the request bodies it holds pass {self.max_body_memory // 2**20} MiB "
+                f"(--max-body-memory). Retry after {RETRY_AFTER_SECONDS} s.",
+                503,
+            )
+        return b"".join(chunks) if keep else None
 
 
-async def read_body(request):
-    """The request body, refused with a 413 as soon as it passes MAX_BODY_BYTES (h11 has
+def check_length(request):
+    """A 413 for a Content-Length past MAX_BODY_BYTES, before the body is read (h11 has
     already checked its framing: a valid Content-Length or chunked encoding)."""
     length = request.headers.get("content-length")
     if length is not None and int(length) > MAX_BODY_BYTES:
         raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes. Received: {length[:20]}", 413)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes.", 413)
-    return b"".join(chunks)
+
+
+async def unless_client_leaves(request, work):
+    """The result of the coroutine `work`, or a ClientDisconnect as soon as the client has
+    gone (uvicorn's `receive` answers "http.disconnect" once the body is read and the
+    connection closes): `work` is cancelled, and a request waiting for the network leaves
+    the `Batcher`'s queue unrun."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        raise ClientDisconnect()
+    return task.result()
+
+
+async def disconnected(request):
+    """Returns when the client of `request` (its body read) has gone."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def not_found(request):
@@ -238,9 +296,10 @@ def refusal(scope, headers):
     return None
 
 
-def application(model, connections, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True):
-    """The Starlette application serving `model`, guarding `connections` (`connections.Connections`)."""
-    api = ServingAPI(model, max_in_flight, batching)
+def application(model, connections, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True, max_body_memory=None):
+    """The Starlette application serving `model`, guarding `connections` (`connections.Connections`);
+    `max_body_memory` in bytes (`ServingAPI`)."""
+    api = ServingAPI(model, max_in_flight, batching, max_body_memory)
     app = Starlette(
         routes=api.routes(),
         exception_handlers={

@@ -28,16 +28,19 @@ class Batcher:
         self.running = set()  # the event loop keeps only weak references to its tasks
 
     async def infer(self, parsed):
-        """The outputs of the network for `parsed`, or the BadRequest it gets."""
+        """The outputs of the network for `parsed`, or the BadRequest it gets. Cancelled
+        while it waits, `parsed` is never run."""
         future = asyncio.get_running_loop().create_future()
         self.waiting.append((parsed, future))
         self.dispatch()
         return await future
 
     def dispatch(self):
-        """Starts a call on every idle thread while requests wait. Where assembling a batch
-        fails, the first waiting request runs alone: a request that cannot be run is
-        answered with its error (a 500) by `run`, and every slot comes back."""
+        """Starts a call on every idle thread while requests wait, leaving out those whose
+        `infer` was cancelled (their client has gone). Where assembling a batch fails, the
+        first waiting request runs alone: a request that cannot be run is answered with its
+        error (a 500) by `run`, and every slot comes back."""
+        self.waiting = collections.deque(entry for entry in self.waiting if not entry[1].cancelled())
         while self.waiting and self.idle_threads:
             try:
                 batch = self.next_batch()

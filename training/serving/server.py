@@ -12,7 +12,13 @@ import sys
 import uvicorn
 
 from .. import contract
-from ..defaults import DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT
+from ..defaults import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BODY_MEMORY,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_PORT,
+    DEFAULT_REQUEST_TIMEOUT,
+)
 from .application import application
 from .connections import MAX_HEAD_BYTES, Connections
 from .model import ModelServer
@@ -35,16 +41,22 @@ def serve(
     batching=True,
     runtime="auto",
     precision="float32",
+    max_body_memory=DEFAULT_MAX_BODY_MEMORY,
 ):
     """Serves the highest version of `directory` until interrupted (Ctrl-C or SIGTERM).
 
     `runtime` "auto" serves with onnxruntime where the highest version has ONNX models
     and onnxruntime is installed (faster: see docs/serving.md), with TensorFlow otherwise;
-    `precision` "int8" serves the int8 ONNX models (`export --quantize int8`), with onnxruntime."""
+    `precision` "int8" serves the int8 ONNX models (`export --quantize int8`), with onnxruntime;
+    `max_body_memory`: the most mebibytes of request bodies held at once (past it: 503)."""
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an integer from 0 (any free port) to 65535. Received: port={port!r}")
     if not isinstance(max_in_flight, int) or max_in_flight < 1:
         raise ValueError(f"max_in_flight must be a positive integer. Received: max_in_flight={max_in_flight!r}")
+    if not isinstance(max_body_memory, int) or isinstance(max_body_memory, bool) or max_body_memory < 1:
+        raise ValueError(
+            f"max_body_memory must be a positive integer (mebibytes). Received: max_body_memory={max_body_memory!r}"
+        )
     if not isinstance(request_timeout, (int, float)) or not 0 < request_timeout < float("inf"):
         raise ValueError(
             f"request_timeout must be a positive number of seconds. Received: request_timeout={request_timeout!r}"
@@ -57,7 +69,7 @@ def serve(
     listening = listening_socket(host, port)  # clients queue from here on, while uvicorn starts
     connections = Connections(request_timeout)
     config = uvicorn.Config(
-        application(model, connections, max_in_flight, batching),
+        application(model, connections, max_in_flight, batching, max_body_memory * 2**20),
         http=connections.protocol,
         backlog=LISTEN_BACKLOG,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,

@@ -7,6 +7,7 @@
     images.py              encoded images to the network's input with simplejpeg, Pillow and NumPy
     containers.py          the image files both runtimes decode alike, told before decoding
     batching.py            the requests that wait while the network is busy, run as one call
+    memory.py              memory a large request freed, given back to the system
     application.py         the Starlette application: routes, errors as JSON, the in-flight bound
     connections.py         a deadline, a bound and JSON errors around uvicorn's h11 protocol
     server.py              serve(): uvicorn on a listening socket, the runtime chosen

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..defaults import DEFAULT_MAX_BODY_MEMORY, DEFAULT_MAX_IN_FLIGHT
-from . import requests
+from . import memory, requests
 from .batching import Batcher
 from .connections import MAX_HEAD_BYTES, RETRY_AFTER_SECONDS
 from .requests import BadRequest
@@ -115,9 +115,9 @@ class ServingAPI:
         admitted = self.in_flight < self.max_in_flight
         if admitted:
             self.in_flight += 1
-        held = [0]  # the bytes of this request's body counted in self.body_bytes
+        body_read = {"held": 0, "read": 0}  # held: the bytes counted in self.body_bytes
         try:
-            body = await self.read_body(request, held, keep=admitted)
+            body = await self.read_body(request, body_read, keep=admitted)
             if not admitted:
                 raise BadRequest(
                     f"The server is busy: {self.max_in_flight} requests are in flight (--max-in-flight). "
@@ -132,28 +132,32 @@ class ServingAPI:
         finally:
             if admitted:
                 self.in_flight -= 1
-            self.body_bytes -= held[0]
+            self.body_bytes -= body_read["held"]
+            if body_read["read"] >= memory.TRIM_AFTER_BYTES:
+                # Once this request's objects are gone: the coroutine ends before the thread runs it.
+                asyncio.get_running_loop().run_in_executor(self.parsing, memory.give_back)
 
-    async def read_body(self, request, held, keep=True):
-        """The request body, each chunk counted in self.body_bytes (and `held`) as it
-        arrives; refused with a 413 as soon as it passes MAX_BODY_BYTES. Where the bodies
-        held pass max_body_memory, or `keep` is false, the rest is read and dropped, and
-        the body is None (a 503 where the memory bound was passed)."""
-        chunks, size, over = [], 0, False
+    async def read_body(self, request, body_read, keep=True):
+        """The request body, each chunk counted in self.body_bytes (and body_read["held"])
+        as it arrives, and in body_read["read"]; refused with a 413 as soon as it passes
+        MAX_BODY_BYTES. Where the bodies held pass max_body_memory, or `keep` is false, the
+        rest is read and dropped, and the body is None (a 503 where the memory bound was
+        passed)."""
+        chunks, over = [], False
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
+            body_read["read"] += len(chunk)
+            if body_read["read"] > MAX_BODY_BYTES:
                 raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes.", 413)
             if not keep or over:
                 continue
             self.body_bytes += len(chunk)
-            held[0] += len(chunk)
+            body_read["held"] += len(chunk)
             chunks.append(chunk)
             if self.body_bytes > self.max_body_memory:
                 over = True
                 chunks.clear()
-                self.body_bytes -= held[0]
-                held[0] = 0
+                self.body_bytes -= body_read["held"]
+                body_read["held"] = 0
         if over:
             raise BadRequest(
                 f"The server is busy: the request bodies it holds pass {self.max_body_memory // 2**20} MiB "

@@ -19,6 +19,7 @@ from ..defaults import (
     DEFAULT_PORT,
     DEFAULT_REQUEST_TIMEOUT,
 )
+from . import memory
 from .application import application
 from .connections import MAX_HEAD_BYTES, Connections
 from .model import ModelServer
@@ -61,6 +62,7 @@ def serve(
         raise ValueError(
             f"request_timeout must be a positive number of seconds. Received: request_timeout={request_timeout!r}"
         )
+    memory.map_large_blocks_apart()
     if runtime == "auto" and precision != "float32":
         runtime = "onnxruntime"
     model = (

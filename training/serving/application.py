@@ -6,10 +6,11 @@
 
 Starlette routes (404 for other paths, 405 with Allow for other methods); every error,
 routing's included, is TF Serving's `{"error": "..."}` with its HTTP status. `:predict`
-bounds the requests in flight and the bytes of the bodies held (503 with Retry-After past
-either, the body read and dropped, so that the client gets the answer and not a reset) and
-the body while reading it, parses off the event loop, runs the network through the
-`Batcher`, and drops a request whose client has gone before the network runs it.
+bounds each body while reading it, the bytes of the bodies held as they arrive (past it the
+rest is read and dropped, so that the client gets the answer and not a reset) and the
+requests in flight once read (503 with Retry-After past either), parses off the event loop,
+runs the network through the `Batcher`, and drops a request whose client has gone before
+the network runs it.
 `ConnectionGuard` checks each request's head, tells its connection where the request
 stands (`connections.Connection`), and closes connections whose body was not read.
 """
@@ -68,9 +69,8 @@ class ServingAPI:
 
     Args:
         model: the ModelServer.
-        max_in_flight: the most `:predict` requests read, parsed, queued or running at once;
-            past it a request is answered 503 with Retry-After once its body is read (and
-            dropped).
+        max_in_flight: the most `:predict` requests parsed, queued or running at once;
+            past it a request is answered 503 with Retry-After as soon as its body is read.
         batching: whether requests waiting together are run as one batch.
         max_body_memory: the most bytes of request bodies held at once, each counted as it
             arrives until its request is answered; past it the body is dropped as it is
@@ -112,43 +112,43 @@ class ServingAPI:
     async def predict(self, request):
         model = self.served(request)
         check_length(request)
-        admitted = self.in_flight < self.max_in_flight
-        if admitted:
-            self.in_flight += 1
         body_read = {"held": 0, "read": 0}  # held: the bytes counted in self.body_bytes
         try:
-            body = await self.read_body(request, body_read, keep=admitted)
-            if not admitted:
+            body = await self.read_body(request, body_read)
+            # Counted once its body is whole: a client that sends its body slowly holds its
+            # bytes (within max_body_memory), never a slot that a whole request could use.
+            if self.in_flight >= self.max_in_flight:
                 raise BadRequest(
                     f"The server is busy: {self.max_in_flight} requests are in flight (--max-in-flight). "
                     f"Retry after {RETRY_AFTER_SECONDS} s.",
                     503,
                 )
-            loop = asyncio.get_running_loop()
-            parsed = await loop.run_in_executor(self.parsing, model.parse, body)  # up to 64 MiB: off the loop
-            del body
-            outputs = await unless_client_leaves(request, self.batcher.infer(parsed))
-            return JSONResponse(await loop.run_in_executor(self.parsing, requests.answer, parsed, outputs))
-        finally:
-            if admitted:
+            self.in_flight += 1
+            try:
+                loop = asyncio.get_running_loop()
+                parsed = await loop.run_in_executor(self.parsing, model.parse, body)  # up to 64 MiB: off the loop
+                del body
+                outputs = await unless_client_leaves(request, self.batcher.infer(parsed))
+                return JSONResponse(await loop.run_in_executor(self.parsing, requests.answer, parsed, outputs))
+            finally:
                 self.in_flight -= 1
+        finally:
             self.body_bytes -= body_read["held"]
             if body_read["read"] >= memory.TRIM_AFTER_BYTES:
                 # Once this request's objects are gone: the coroutine ends before the thread runs it.
                 asyncio.get_running_loop().run_in_executor(self.parsing, memory.give_back)
 
-    async def read_body(self, request, body_read, keep=True):
+    async def read_body(self, request, body_read):
         """The request body, each chunk counted in self.body_bytes (and body_read["held"])
         as it arrives, and in body_read["read"]; refused with a 413 as soon as it passes
-        MAX_BODY_BYTES. Where the bodies held pass max_body_memory, or `keep` is false, the
-        rest is read and dropped, and the body is None (a 503 where the memory bound was
-        passed)."""
+        MAX_BODY_BYTES. Where the bodies held pass max_body_memory, the rest is read and
+        dropped, then answered 503."""
         chunks, over = [], False
         async for chunk in request.stream():
             body_read["read"] += len(chunk)
             if body_read["read"] > MAX_BODY_BYTES:
                 raise BadRequest(f"The request body is too large: at most {MAX_BODY_BYTES} bytes.", 413)
-            if not keep or over:
+            if over:
                 continue
             self.body_bytes += len(chunk)
             body_read["held"] += len(chunk)
@@ -164,7 +164,7 @@ class ServingAPI:
                 f"(--max-body-memory). Retry after {RETRY_AFTER_SECONDS} s.",
                 503,
             )
-        return b"".join(chunks) if keep else None
+        return b"".join(chunks)
 
 
 def check_length(request):

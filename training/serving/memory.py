@@ -2,14 +2,15 @@
 
 glibc's malloc keeps what a process frees for its next allocations: after four requests of
 four 4096 x 4096 PNGs and four 57 MB bodies, the onnxruntime server held 485 MB where it held
-112 MB warm, the TensorFlow one 1,130 MB against 838 MB (the freed bodies, strings and pixels
-kept in malloc's heap, whose threshold for mapping large blocks apart rises, as they are
-freed, up to 32 MiB). Two settings bring both within 12 % of warm (103-112 % measured,
-2026-11-26): blocks of MMAP_THRESHOLD bytes or more always mapped apart, so that freeing
-them unmaps them (`map_large_blocks_apart`, at start), and `malloc_trim(0)` after a request
-of a large body (`give_back`), which returns the free pages of every arena (glibc 2.8 and
-later). Elsewhere (musl, macOS, Windows) both are nothing: those allocators give memory back
-by their own rules.
+112 MB warm, the TensorFlow one 1,130 MB against 838 MB. glibc raises its thresholds as large
+blocks are freed (mallopt(3): the one for mapping a block apart up to 32 MiB, the one for
+trimming the heap's top to twice that), so freed bodies, strings and pixels stay in the
+heap. Two settings bring both servers within 12 % of warm (110 % and 111 % measured,
+2026-11-26): the mapping threshold fixed at its highest (`map_large_blocks_apart`, at start),
+which by mallopt(3) also fixes the trimming threshold at its default of 128 KiB, and
+`malloc_trim(0)` after a request of a large body (`give_back`), which returns the free pages
+of every arena (glibc 2.8 and later). Elsewhere (musl, macOS, Windows) both are nothing:
+those allocators give memory back by their own rules.
 """
 
 import ctypes
@@ -19,11 +20,12 @@ import ctypes.util
 # parsing thread's time, spent only where megabytes were freed.
 TRIM_AFTER_BYTES = 2**20
 # glibc's mallopt parameter for the size from which blocks are mapped apart (malloc.h), and
-# the size set: a decoded 4096 x 4096 image (48 MiB) or a body of tens of megabytes is mapped
-# apart, a network's activations at batch 64 (4 MiB for ResNet-20) stay in the heap, where
-# they are reused from one batch to the next.
+# the size set: glibc's own threshold at its highest, fixed there. A decoded 4096 x 4096 image
+# (48 MiB) is mapped apart; smaller blocks, the network's buffers among them, stay in the heap
+# and are reused from one request to the next (at 16 MiB, the TensorFlow server answered a
+# lone client about a fifth slower).
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 16 * 2**20
+MMAP_THRESHOLD = 32 * 2**20
 
 
 def _glibc(function):

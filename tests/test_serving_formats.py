@@ -186,6 +186,8 @@ def catalogue(seed=0):
         "BMP top-down": top_down_bmp(rgb),
     }
     jpeg, png = images["JPEG RGB"], images["PNG RGB"]
+    progressive = images["JPEG progressive"]
+    last_scan = progressive.rindex(b"\xff\xda")
     chunks = png_chunks(png)
     damaged = {
         "damaged: JPEG truncated": jpeg[: len(jpeg) // 2],
@@ -198,6 +200,14 @@ def catalogue(seed=0):
         "damaged: GIF truncated": images["GIF"][: len(images["GIF"]) // 2],
         "damaged: BMP truncated": images["BMP RGB"][: len(images["BMP RGB"]) // 2],
         "damaged: zero bytes": b"",
+        # libjpeg warns of these and TensorFlow decodes them: both runtimes answer.
+        "JPEG with bytes before its end marker": jpeg[:-2] + b"\x12\x34" + jpeg[-2:],
+        "JPEG with its last scan twice (an inconsistent progression)": progressive[:last_scan]
+        + progressive[last_scan:-2] * 2
+        + b"\xff\xd9",
+        "JPEG with bytes after its end marker": jpeg + b"trailing",
+        # Its last scan (a refinement of the finest bits) 100 times more: 110 scans.
+        "JPEG of 110 scans": progressive[:last_scan] + progressive[last_scan:-2] * 101 + b"\xff\xd9",
         "not an image: text": b"hello, world",
         "not accepted: WebP": saved(colour, "WEBP"),
         "not accepted: TIFF": saved(colour, "TIFF"),
@@ -251,6 +261,8 @@ REFUSED = {
     "damaged: GIF truncated": "",
     "damaged: BMP truncated": "a damaged BMP: its 19 rows need 1422 bytes, the file has 711 (truncated)",
     "damaged: zero bytes": "Unknown image file format",
+    "JPEG of 110 scans": "a JPEG of 110 scans: this server decodes at most 100 (each scan of a progressive JPEG "
+    "is a pass over the whole image)",
     "not an image: text": "Unknown image file format",
     "not accepted: WebP": "Unknown image file format",
     "not accepted: TIFF": "Unknown image file format",

@@ -6,7 +6,8 @@ ones as grey (a palette's indices taken as grey levels), libpng refuses a PNG wi
 or no IEND chunk where Pillow decodes what it can, Pillow opens a 16-bit colour PNG in 8 bits
 where libpng makes its grey from the 16, and TensorFlow has no grey of a CMYK JPEG. Such a
 file is refused here, for both runtimes, with a reason; every other accepted file gets the
-same pixels from both (tests/test_serving_formats.py enumerates them).
+same pixels from both (tests/test_serving_formats.py enumerates them). So is a JPEG of more
+scans than MAX_JPEG_SCANS, which both would decode, slowly.
 """
 
 import struct
@@ -21,6 +22,13 @@ BMP_BITS = (24, 32)
 BMP_GREY_BITS = 8
 BMP_INFO_HEADER = 40  # BITMAPINFOHEADER; OS/2's 12-byte header places its fields elsewhere
 SEND_PNG = "send it as PNG or JPEG"
+# Scans a JPEG may hold. Each scan of a progressive JPEG is a pass over every block of the
+# image, so a small file of thousands of scans decodes for tens of seconds (libjpeg-turbo's
+# TurboJPEG caps them on request, TJPARAM_SCANLIMIT, for this reason); libjpeg's progressive
+# encoders write 10 for colour, 6 for grey. Counted as start-of-scan markers, which entropy-coded
+# data cannot hold (its 0xFF bytes are stuffed), so an EXIF thumbnail's scans count too.
+MAX_JPEG_SCANS = 100
+JPEG_START_OF_SCAN = b"\xff\xda"
 # Chunks a PNG may hold (a 4096 x 4096 PNG in libpng's 8 KB IDAT chunks has about 6,000): the
 # walk over them stays within milliseconds.
 MAX_PNG_CHUNKS = 2**16
@@ -34,7 +42,19 @@ def check(encoded, image_format, mode, channels):
         check_png(encoded, channels)
     elif image_format == "BMP":
         check_bmp(encoded, mode)
-    elif image_format in ("JPEG", "MPO") and mode == "CMYK" and channels == 1:
+    elif image_format in ("JPEG", "MPO"):
+        check_jpeg(encoded, mode, channels)
+
+
+def check_jpeg(encoded, mode, channels):
+    """At most MAX_JPEG_SCANS scans; no CMYK for a 1-channel model."""
+    scans = encoded.count(JPEG_START_OF_SCAN)
+    if scans > MAX_JPEG_SCANS:
+        raise ValueError(
+            f"a JPEG of {scans} scans: this server decodes at most {MAX_JPEG_SCANS} (each scan of a "
+            "progressive JPEG is a pass over the whole image)"
+        )
+    if mode == "CMYK" and channels == 1:
         raise ValueError(
             f"a CMYK JPEG for a 1-channel model: TensorFlow's JPEG decoder makes no grey of CMYK; {SEND_PNG}"
         )

@@ -23,6 +23,10 @@ OWN_CHANNELS = ("GIF", "BMP")
 # Pillow's names of JPEG files: an MPO (a camera's several JPEGs in one file) is decoded as
 # its first JPEG, as TensorFlow does.
 JPEG_FORMATS = ("JPEG", "MPO")
+# libjpeg's warnings that its data ends before the image does (JWRN_HIT_MARKER, JWRN_JPEG_EOF):
+# TensorFlow's decoder refuses a JPEG for them ("Premature end of JPEG data"), and decodes
+# through every other warning (measured, TensorFlow 2.21).
+TRUNCATING_WARNINGS = ("premature end of data segment", "Premature end of JPEG file")
 # `tf.image.rgb_to_grayscale`'s weights (ITU-R BT.601), for GIF and BMP.
 GREY_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], np.float32)
 # libpng's weights of red, green and blue for colour PNGs decoded to grey, in units of
@@ -64,17 +68,29 @@ def decode(encoded, channels):
 def decode_jpeg(encoded, channels, image):
     """A JPEG (or an MPO's first frame) decoded by libjpeg-turbo through simplejpeg as
     TensorFlow's decoder does: the accurate integer DCT, fancy upsampling, grey as libjpeg's
-    luminance, and strict, so that a file libjpeg warns of (corrupt or truncated data) is
-    refused, where Pillow would decode what it can. A CMYK JPEG (`image`'s mode; to 3
-    channels, since `containers.check` refuses it for 1) is checked so, then converted by
-    Pillow, whose conversion to RGB equals TensorFlow's."""
+    luminance, and a file refused where TensorFlow refuses it: where libjpeg warns that its
+    data ends before the image does (`TRUNCATING_WARNINGS`), where Pillow would decode what
+    it can. Other warnings (bytes before a marker, an inconsistent progression) are decoded
+    through, as TensorFlow does. A CMYK JPEG (`image`'s mode; to 3 channels, since
+    `containers.check` refuses it for 1) is checked so, then converted by Pillow, whose
+    conversion to RGB equals TensorFlow's."""
+    if image.mode == "CMYK":
+        jpeg_pixels(encoded, "CMYK")
+        return np.asarray(image.convert("RGB"))
+    return jpeg_pixels(encoded, "RGB" if channels == 3 else "GRAY")
+
+
+def jpeg_pixels(encoded, colourspace):
+    """simplejpeg's pixels of `encoded`, strict first: a ValueError for a truncating warning,
+    decoded again without strictness for any other."""
     import simplejpeg
 
-    if image.mode == "CMYK":
-        simplejpeg.decode_jpeg(encoded, colorspace="CMYK", strict=True)
-        return np.asarray(image.convert("RGB"))
-    colourspace = "RGB" if channels == 3 else "GRAY"
-    return simplejpeg.decode_jpeg(encoded, colorspace=colourspace, fastdct=False, fastupsample=False, strict=True)
+    try:
+        return simplejpeg.decode_jpeg(encoded, colorspace=colourspace, fastdct=False, fastupsample=False, strict=True)
+    except ValueError as warning:
+        if any(text in str(warning) for text in TRUNCATING_WARNINGS):
+            raise
+    return simplejpeg.decode_jpeg(encoded, colorspace=colourspace, fastdct=False, fastupsample=False, strict=False)
 
 
 def own_channels(image):

@@ -1,9 +1,10 @@
-"""The NumPy input pipeline: the splits of `keras_preact_training.data` decoded with Pillow, in the order of
+"""The NumPy input pipeline: the splits of `keras_preact_training.data` decoded as the onnxruntime server
+decodes images (`serving.images.decode`: simplejpeg for JPEG, Pillow for the others), in the order of
 `keras_preact_training.data.example_indices`, batched; no TensorFlow.
 
 It gives the batches `input_tensorflow` gives for the same config, seed and step (tested
-image for image): the same order of examples, the same JPEG decoding (libjpeg's accurate
-integer DCT, which Pillow uses and TensorFlow is asked for) and, for images of another size,
+image for image): the same order of examples, the same JPEG decoding (libjpeg-turbo's
+accurate integer DCT, which simplejpeg uses and TensorFlow is asked for) and, for images of another size,
 TensorFlow's bilinear resize (`serving.images.resize_bilinear`). Augmentation is not here:
 it is the training model's first layers (`recipe.preprocessing`), the same on every path.
 

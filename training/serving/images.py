@@ -1,4 +1,4 @@
-"""Encoded images to the network's input with Pillow and NumPy, as the SavedModel's
+"""Encoded images to the network's input with simplejpeg, Pillow and NumPy, as the SavedModel's
 `serving_default` computes it with TensorFlow (`export.decode`), for the onnxruntime
 runtime, which imports neither TensorFlow nor Keras.
 
@@ -13,6 +13,7 @@ of operations (tests/test_serving_onnx.py compares them pixel for pixel).
 import io
 
 import numpy as np
+import simplejpeg
 from PIL import Image
 
 from .. import contract
@@ -83,8 +84,6 @@ def decode_jpeg(encoded, channels, image):
 def jpeg_pixels(encoded, colourspace):
     """simplejpeg's pixels of `encoded`, strict first: a ValueError for a truncating warning,
     decoded again without strictness for any other."""
-    import simplejpeg
-
     try:
         return simplejpeg.decode_jpeg(encoded, colorspace=colourspace, fastdct=False, fastupsample=False, strict=True)
     except ValueError as warning:

@@ -43,11 +43,8 @@ class OnnxRuntime:
     def __init__(self, path, metadata, preprocessing, class_names, top_k, precision="float32"):
         try:
             import onnxruntime
-            import simplejpeg  # noqa: F401  (`images.decode_jpeg` imports it where it decodes)
-        except ImportError as error:
-            raise ImportError(
-                f"--runtime onnxruntime needs the onnx extra ({error.name} is missing): {ONNX_EXTRA}"
-            ) from None
+        except ImportError:
+            raise ImportError(f"--runtime onnxruntime needs the onnx extra: {ONNX_EXTRA}") from None
         metadata_path = os.path.join(path, contract.METADATA_FILE)
         self.name = "onnxruntime" if precision == "float32" else f"onnxruntime, {precision}"
         try:

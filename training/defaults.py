@@ -16,8 +16,9 @@ LITERT_EXTRA = 'pip install "keras-preact[litert]"'
 # serve: TF Serving's REST port, the most instances one request may hold, the most
 # :predict requests in flight at once (past it: 503), the seconds a request has to arrive
 # whole (past it: 408), and the mebibytes of request bodies held at once (past it: 503). A
-# body costs the server about 2.5 times its size until it is answered (a 60 MB body of
-# numbers: 134-165 MB), so 256 MiB of bodies keep a 4 GB, 2-core server within its memory.
+# body costs the server about 2.5 times its size until it is answered (16 concurrent 60 MB
+# bodies of numbers added 2.1-2.6 GB to the server, the hostile-input battery on 9efa15e), so
+# 256 MiB of bodies keep a 4 GB, 2-core server within its memory.
 DEFAULT_PORT = 8501
 DEFAULT_MAX_BATCH = 64
 DEFAULT_MAX_IN_FLIGHT = 256

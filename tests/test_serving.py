@@ -517,6 +517,12 @@ PREDICT = b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\n"
         ),
         (PREDICT + b"Connection: close\r\n", b"", 400, b"The request body is not valid JSON"),
         (
+            PREDICT + b"Transfer-Encoding: chunked\r\n",
+            b"zz\r\n",
+            400,
+            b"Invalid HTTP request: its body does not follow HTTP/1.1's chunked encoding",
+        ),
+        (
             b"POST /v1/models/nobody:predict HTTP/1.1\r\nContent-Length: %d\r\n" % len(SMUGGLED),
             SMUGGLED,
             404,
@@ -537,7 +543,17 @@ PREDICT = b"POST /v1/models/cifar10_resnet20:predict HTTP/1.1\r\n"
         ),
         (b"GARBAGE\r\n", b"", 400, b"Invalid HTTP request"),
     ],
-    ids=["negative length", "chunked", "no length", "404 with a body", "413", "414", "431", "not HTTP"],
+    ids=[
+        "negative length",
+        "chunked",
+        "no length",
+        "malformed chunk",
+        "404 with a body",
+        "413",
+        "414",
+        "431",
+        "not HTTP",
+    ],
 )
 def test_errors_of_the_http_layer_are_json_and_nothing_is_smuggled(served, head, body, status, message):
     """Every error is TF Serving's JSON, the HTTP layer's own too; a request whose body is not

@@ -28,7 +28,6 @@ from keras_preact_training import client as query_client
 from keras_preact_training import contract, export, input_tensorflow
 from keras_preact_training.serving.application import ServingAPI
 from keras_preact_training.serving.batching import Batcher
-from keras_preact_training.serving.connections import Connections
 from keras_preact_training.serving.model import RUNTIMES, ModelServer
 from keras_preact_training.serving.requests import UNDECODABLE, Parsed
 from keras_preact_training.serving.server import listening_socket
@@ -162,8 +161,8 @@ def summed(requests):
 
 
 def fake_request(body, leaves=None):
-    """A Starlette request for `:predict` whose body is `body`; its client leaves (uvicorn's
-    "http.disconnect") once the event `leaves` is set, or never."""
+    """A Starlette request for `:predict` whose body is `body`; its client leaves
+    ("http.disconnect") once the event `leaves` is set, or never."""
     messages = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def receive():
@@ -579,39 +578,6 @@ def test_a_whole_request_followed_by_a_half_close_is_answered(served):
                 received += chunk
         assert received.startswith(b"HTTP/1.1 200 "), received[:300]
         assert received.count(b"HTTP/1.1 ") == 1
-
-
-class RecordingTransport:
-    """What a connection writes, and whether it closed."""
-
-    def __init__(self):
-        self.written, self.closed = b"", False
-
-    def write(self, data):
-        self.written += data
-
-    def close(self):
-        self.closed = True
-
-    def get_extra_info(self, name, default=None):
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-
-def test_past_the_connection_bound_a_connection_is_answered_503_and_closed():
-    """`connections.Connection`: with `limit` connections open, the next one gets TF Serving's
-    JSON 503 with Retry-After and is closed before uvicorn's protocol is made; what it sends
-    then is ignored."""
-    connections = Connections(request_timeout=5, limit=1)
-    connections.open[("127.0.0.1", 39999)] = object()
-    transport = RecordingTransport()
-    connection = connections.protocol()
-    connection.connection_made(transport)
-    connection.data_received(b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\n\r\n")
-    head, body = transport.written.split(b"\r\n\r\n", 1)
-    assert transport.closed and head.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
-    assert b"retry-after: 1" in head and b"connection: close" in head
-    assert json.loads(body) == {"error": "The server is busy: 1 connections are open. Retry after 1 s."}
-    assert connection.inner is None and list(connections.open) == [("127.0.0.1", 39999)]
 
 
 def test_an_http_version_other_than_1_is_a_505(served):

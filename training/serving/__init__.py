@@ -9,10 +9,10 @@
     batching.py            the requests that wait while the network is busy, run as one call
     memory.py              memory a large request freed, given back to the system
     application.py         the Starlette application: routes, errors as JSON, the in-flight bound
-    connections.py         a deadline, a bound and JSON errors around uvicorn's h11 protocol
-    server.py              serve(): uvicorn on a listening socket, the runtime chosen
+    connections.py         HTTP/1.1 connections on h11: a deadline, a bound, JSON errors
+    server.py              serve(): asyncio on a listening socket, the runtime chosen
 
 The exported model's contract (its signatures, files and metadata) is
 `keras_preact_training.contract`, which export writes and serving reads. The onnxruntime
-runtime imports neither TensorFlow nor Keras: a deployment that serves ONNX models needs only onnxruntime, NumPy, Pillow, simplejpeg, Starlette and uvicorn.
+runtime imports neither TensorFlow nor Keras: a deployment that serves ONNX models needs only onnxruntime, NumPy, Pillow, simplejpeg, Starlette and h11.
 """

@@ -11,8 +11,6 @@ rest is read and dropped, so that the client gets the answer and not a reset) an
 requests in flight once read (503 with Retry-After past either), parses off the event loop,
 runs the network through the `Batcher`, and drops a request whose client has gone before
 the network runs it.
-`ConnectionGuard` checks each request's head, tells its connection where the request
-stands (`connections.Connection`), and closes connections whose body was not read.
 """
 
 import asyncio
@@ -28,7 +26,7 @@ from starlette.routing import Route
 from ..defaults import DEFAULT_MAX_BODY_MEMORY, DEFAULT_MAX_IN_FLIGHT
 from . import memory, requests
 from .batching import Batcher
-from .connections import MAX_HEAD_BYTES, RETRY_AFTER_SECONDS
+from .connections import RETRY_AFTER_SECONDS
 from .requests import BadRequest
 
 # The largest request body read: 64 encoded 224 x 224 JPEGs take about 2 MB.
@@ -177,8 +175,8 @@ def check_length(request):
 
 async def unless_client_leaves(request, work):
     """The result of the coroutine `work`, or a ClientDisconnect as soon as the client has
-    gone (uvicorn's `receive` answers "http.disconnect" once the body is read and the
-    connection closes): `work` is cancelled, and a request waiting for the network leaves
+    gone (`receive` answers "http.disconnect" once the body is read and the connection
+    closes, `connections.Exchange`): `work` is cancelled, and a request waiting for the network leaves
     the `Batcher`'s queue unrun."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(disconnected(request))
@@ -238,71 +236,8 @@ async def client_left(request, exception):
     return Response(status_code=400)  # never sent: the client has gone
 
 
-class ConnectionGuard:
-    """ASGI middleware: refuses heads this server does not take (a request line or headers
-    past MAX_HEAD_BYTES that arrived at once, another HTTP version, both Content-Length and
-    Transfer-Encoding), tells the request's connection when the request started, was read
-    whole and was answered, and closes connections whose body was not read whole (unread
-    bytes are never read as a request)."""
-
-    def __init__(self, app, connections):
-        self.app, self.connections = app, connections
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":  # uvicorn runs it with lifespan="off": nothing else arrives
-            return await self.app(scope, receive, send)
-        connection = self.connections.of(scope.get("client"))
-        headers = dict(scope["headers"])
-        request = {"read": b"content-length" not in headers and b"transfer-encoding" not in headers}
-        if connection is not None:
-            connection.request_started()
-            if request["read"]:
-                connection.request_read()
-
-        async def received():
-            message = await receive()
-            if message["type"] == "http.request" and not message.get("more_body", False):
-                request["read"] = True
-                if connection is not None:
-                    connection.request_read()
-            return message
-
-        async def answer(message):
-            if message["type"] == "http.response.start":
-                if connection is not None:
-                    connection.request_read()  # as read as it will be
-                if not request["read"] or message["status"] in (414, 431, 505):
-                    # Unread bytes are never read as a request, and a client that sends
-                    # heads past the bound is not heard again.
-                    message = dict(message, headers=[*message["headers"], (b"connection", b"close")])
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False) and connection:
-                connection.response_sent()
-
-        refused = refusal(scope, headers)
-        if refused is not None:
-            return await refused(scope, received, answer)
-        await self.app(scope, received, answer)
-
-
-def refusal(scope, headers):
-    """The error response for a head this server refuses, or None."""
-    if len(scope["raw_path"]) + len(scope["query_string"]) > MAX_HEAD_BYTES:
-        return error(414, f"The request line is too long: at most {MAX_HEAD_BYTES} bytes.")
-    if sum(len(name) + len(value) + 4 for name, value in scope["headers"]) > MAX_HEAD_BYTES:
-        return error(431, f"The request's headers are too large: at most {MAX_HEAD_BYTES} bytes.")
-    if scope["http_version"] not in ("1.0", "1.1"):
-        return error(505, f"HTTP/{scope['http_version'][:10]} is not supported: this server speaks HTTP/1.1.")
-    if b"content-length" in headers and b"transfer-encoding" in headers:
-        # RFC 9112, section 6.1: a request framed both ways may be a smuggling attempt; it
-        # is refused, and its connection closed (its body is never read).
-        return error(400, "The request has both Content-Length and Transfer-Encoding: send one of them.")
-    return None
-
-
-def application(model, connections, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True, max_body_memory=None):
-    """The Starlette application serving `model`, guarding `connections` (`connections.Connections`);
-    `max_body_memory` in bytes (`ServingAPI`)."""
+def application(model, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True, max_body_memory=None):
+    """The Starlette application serving `model`; `max_body_memory` in bytes (`ServingAPI`)."""
     api = ServingAPI(model, max_in_flight, batching, max_body_memory)
     app = Starlette(
         routes=api.routes(),
@@ -318,4 +253,4 @@ def application(model, connections, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batchin
     app.router.redirect_slashes = False
     app.state.model_name = model.name
     app.state.api = api
-    return ConnectionGuard(app, connections)
+    return app

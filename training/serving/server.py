@@ -1,15 +1,14 @@
-"""`keras-preact serve`: uvicorn serving the application, on a socket opened first.
+"""`keras-preact serve`: the application served on a socket opened first, until Ctrl-C or SIGTERM.
 
-uvicorn is configured by its public settings (backlog, keep-alive, h11's head bound, no
-lifespan, no server header) and runs `connections.Connection` as its protocol.
+asyncio accepts the connections (`loop.create_server`), each a `connections.Connection`.
 """
 
+import asyncio
 import contextlib
 import os
+import signal
 import socket
 import sys
-
-import uvicorn
 
 from .. import contract
 from ..defaults import (
@@ -21,14 +20,16 @@ from ..defaults import (
 )
 from . import memory
 from .application import application
-from .connections import MAX_HEAD_BYTES, Connections
+from .connections import Connections
 from .model import ModelServer
 
 # Connections waiting to be accepted (the standard library's default of 5 reset clients at
 # 32 concurrent connections).
 LISTEN_BACKLOG = 1024
-# Seconds a kept-alive connection may sit idle between requests (uvicorn's default).
-KEEP_ALIVE_SECONDS = 5
+# Connections open at once (past it: 503, then closed).
+MAX_CONNECTIONS = 2048
+# Seconds the requests under way have to be answered once the server is told to stop.
+STOP_SECONDS = 5
 
 
 def serve(
@@ -68,28 +69,37 @@ def serve(
     model = (
         auto_model(directory, max_batch) if runtime == "auto" else ModelServer(directory, max_batch, runtime, precision)
     )
-    listening = listening_socket(host, port)  # clients queue from here on, while uvicorn starts
-    connections = Connections(request_timeout)
-    config = uvicorn.Config(
-        application(model, connections, max_in_flight, batching, max_body_memory * 2**20),
-        http=connections.protocol,
-        backlog=LISTEN_BACKLOG,
-        timeout_keep_alive=KEEP_ALIVE_SECONDS,
-        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
-        lifespan="off",
-        loop="asyncio",
-        proxy_headers=False,
-        server_header=False,
-        log_level="info" if verbose else "error",
+    listening = listening_socket(host, port)  # clients queue from here on
+    connections = Connections(
+        application(model, max_in_flight, batching, max_body_memory * 2**20),
+        request_timeout,
+        MAX_CONNECTIONS,
         access_log=verbose,
-        timeout_graceful_shutdown=5,
     )
     print(
         f"Serving {model.name} version {model.version} ({model.path}, {model.runtime.name}) at "
         f"http://{host}:{listening.getsockname()[1]}/v1/models/{model.name}",
         flush=True,
     )
-    uvicorn.Server(config).run(sockets=[listening])
+    asyncio.run(run(connections, listening))
+
+
+async def run(connections, listening):
+    """Accepts `listening`'s connections until SIGINT or SIGTERM; then answers the requests
+    under way (for at most STOP_SECONDS) and closes every connection."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for number in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(number, stop.set)
+    server = await loop.create_server(connections.protocol, sock=listening)
+    await stop.wait()
+    server.close()
+    connections.stop()
+    deadline = loop.time() + STOP_SECONDS
+    while connections.open and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    connections.abort()
+    await server.wait_closed()
 
 
 def listening_socket(host, port):

@@ -11,10 +11,11 @@ them) and:
   answers (a class other than the one the same image gets alone);
 - with `--attacks` (first model only): 300 half-open connections (headers, then a body
   that never finishes) held open while 8 clients send 20 requests each (their p95), and
-  how many of the 300 the server has closed 15 s later; an image bomb (a 431 KB PNG of
-  20000 x 20000 pixels) and the seconds until it is refused; eight animated GIFs of a
-  64 x 64 frame and 16 frames of 4096 x 4096 in one request; four 57 MB bodies of 15
-  million numbers at once, while a probe client asks for the model's status every 10 ms
+  how many of the 300 the server has closed 15 s later; 2 clients sending requests of four
+  4096 x 4096 PNGs while 8 clients send 20 small requests each (their p50 and p95); an
+  image bomb (a 431 KB PNG of 20000 x 20000 pixels) and the seconds until it is refused;
+  eight animated GIFs of a 64 x 64 frame and 16 frames of 4096 x 4096 in one request;
+  four 57 MB bodies of 15 million numbers at once, while a probe client asks for the model's status every 10 ms
   (its slowest answer is how long the server stalled); the server's resident memory warm
   and after the attacks.
 
@@ -238,6 +239,30 @@ def large_bodies(served, bodies=4):
     return statuses, seconds, slowest[0]
 
 
+def large_images(served, bodies, expected, clients=2, requests=4):
+    """`clients` clients each sending `requests` requests of four 4096 x 4096 PNGs (the most
+    pixels a request may decode), while 8 clients send 20 small requests each: (the small
+    ones' figures, the large ones' statuses)."""
+    from PIL import Image
+
+    encoded = io.BytesIO()
+    Image.linear_gradient("L").resize((4096, 4096)).convert("RGB").save(encoded, format="PNG")
+    body = json.dumps({"instances": [{"b64": base64.b64encode(encoded.getvalue()).decode()}] * 4}).encode()
+
+    def send(_):
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
+        statuses = [post(connection, served.path, body)[0] for _ in range(requests)]
+        connection.close()
+        return statuses
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        large = pool.map(send, range(clients))
+        time.sleep(0.5)  # the large ones decoding
+        normal = load(served, bodies, expected, clients=8, requests=20)
+        statuses = sorted(status for client in large for status in client)
+    return normal, statuses
+
+
 def gif_bombs():
     """Eight animated GIFs of a 64 x 64 first frame and 16 frames of 4096 x 4096 (212 KB each)."""
     return json.dumps({"instances": [{"b64": base64.b64encode(animated_gif_bomb()).decode()}] * 8}).encode()
@@ -314,6 +339,13 @@ def serve_model(name, runtime, attacks, model_dir, bodies, arguments):
                 f"{name}: {HALF_OPEN_CONNECTIONS} half-open connections held: 8 clients x 20 requests "
                 f"p95 {1000 * normal['p95']:.0f} ms, {normal['failures']} failures; {closed} of "
                 f"{HALF_OPEN_CONNECTIONS} closed by the server 15 s later",
+                flush=True,
+            )
+            normal, statuses = large_images(served, bodies, expected)
+            print(
+                f"{name}: 2 clients sending four 4096 x 4096 PNGs a request: 8 clients x 20 small requests "
+                f"meanwhile p50 {1000 * normal['p50']:.0f} ms, p95 {1000 * normal['p95']:.0f} ms, "
+                f"{normal['failures']} failures; the large ones {statuses}",
                 flush=True,
             )
             connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)

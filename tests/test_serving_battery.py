@@ -27,7 +27,7 @@ from keras_preact import pretrained
 from keras_preact_training import client as query_client
 from keras_preact_training import contract, export, input_tensorflow
 from keras_preact_training.serving.application import ServingAPI
-from keras_preact_training.serving.batching import Batcher
+from keras_preact_training.serving.batching import LARGE_REQUEST_PIXELS, Batcher
 from keras_preact_training.serving.model import RUNTIMES, ModelServer
 from keras_preact_training.serving.requests import UNDECODABLE, Parsed
 from keras_preact_training.serving.server import listening_socket
@@ -122,6 +122,28 @@ def test_waiting_pixel_requests_are_batched_and_all_answered():
     results, idle = run_batcher(model, requests)
     assert results == [float(np.sum(request.values)) for request in requests]
     assert model.calls == [[1], [1], [60, 1], [10]] and idle == 2
+
+
+def test_large_requests_leave_a_thread_for_the_others():
+    """A large request (its images decode to more than LARGE_REQUEST_PIXELS) holds a thread as
+    long as its decoding takes (here: until released); a second one waits for it, while the
+    small requests behind them are answered, one after the other, on the other thread."""
+    model = BlockingModel(blocked=1)
+    large = [
+        Parsed("serving_default", "images", np.full((1, 1), value), True, LARGE_REQUEST_PIXELS + 1) for value in (1, 2)
+    ]
+    small = [Parsed("serving_default", "images", np.full((1, 1), value), True, 32 * 32) for value in (3, 4)]
+
+    async def run():
+        batcher = Batcher(model, threads=2)
+        answers = [asyncio.ensure_future(batcher.infer(request)) for request in [*large, *small]]
+        done, _ = await asyncio.wait(answers[2:], timeout=30)
+        assert len(done) == 2 and not answers[1].done()  # the second large request still waits
+        model.release.set()
+        return await asyncio.wait_for(asyncio.gather(*answers), timeout=60), batcher.idle_threads
+
+    results, idle = asyncio.run(run())
+    assert results == [1.0, 2.0, 3.0, 4.0] and model.calls == [[1]] * 4 and idle == 2
 
 
 class Unmeasurable(Parsed):

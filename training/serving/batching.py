@@ -9,6 +9,11 @@ from .requests import MAX_REQUEST_PIXELS
 # Threads that run the network; each batch uses every core through the runtime's own
 # threads, two keep the cores busy while the other thread converts and answers.
 INFERENCE_THREADS = 2
+# A request whose images decode to more pixels than this is large: decoding it takes seconds
+# (four 4096 x 4096 PNGs, MAX_REQUEST_PIXELS: 1.0 s with TensorFlow, 1.3 s with onnxruntime,
+# docs/benchmarks.md; JPEG entropy data about 30 ns a byte, 1.4 s for the 48 MB a body can
+# carry), against milliseconds for images of the network's size.
+LARGE_REQUEST_PIXELS = 1024 * 1024
 
 
 class Batcher:
@@ -17,13 +22,16 @@ class Batcher:
     With `batching`, the requests of one signature that wait while every thread is busy
     go to the network together, up to `max_batch` instances and MAX_REQUEST_PIXELS
     (TF Serving's request batching): a lone request waits for nothing, and under load
-    one call serves many requests. Runs on the event loop's thread only.
+    one call serves many requests. Large requests (LARGE_REQUEST_PIXELS) are never batched
+    with small ones and run on at most `threads - 1` threads at once: however slowly their
+    images decode, a thread is left for the others. Runs on the event loop's thread only.
     """
 
     def __init__(self, model, threads=INFERENCE_THREADS, batching=True):
         self.model, self.batching = model, batching
         self.pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="inference")
         self.idle_threads = threads
+        self.large_threads = max(1, threads - 1)  # the most that may run large requests at once
         self.waiting = collections.deque()  # (Parsed, future)
         self.running = set()  # the event loop keeps only weak references to its tasks
 
@@ -36,33 +44,43 @@ class Batcher:
         return await future
 
     def dispatch(self):
-        """Starts a call on every idle thread while requests wait, leaving out those whose
-        `infer` was cancelled (their client has gone). Where assembling a batch fails, the
-        first waiting request runs alone: a request that cannot be run is answered with its
-        error (a 500) by `run`, and every slot comes back."""
+        """Starts a call on every idle thread while requests that may run wait, leaving out
+        those whose `infer` was cancelled (their client has gone). Where assembling a batch
+        fails, the first waiting request runs alone: a request that cannot be run is answered
+        with its error (a 500) by `run`, and every slot comes back."""
         self.waiting = collections.deque(entry for entry in self.waiting if not entry[1].cancelled())
         while self.waiting and self.idle_threads:
             try:
                 batch = self.next_batch()
             except Exception:
                 batch = [self.waiting.popleft()]
+            if not batch:  # only large requests wait, and the threads they may use are busy
+                return
+            large = is_large(batch[0][0])
             self.idle_threads -= 1
-            task = asyncio.ensure_future(self.run(batch))
+            self.large_threads -= large
+            task = asyncio.ensure_future(self.run(batch, large))
             self.running.add(task)
             task.add_done_callback(self.running.discard)
 
     def next_batch(self):
-        """The first waiting request and, with batching, every later one of its signature that
-        fits within max_batch instances and MAX_REQUEST_PIXELS. Chosen by position before the
-        queue changes: if choosing fails, nothing has left the queue."""
+        """The first waiting request that may run (a small one, or a large one while a thread
+        for large ones is free) and, with batching, every later one of its signature and size
+        that fits within max_batch instances and MAX_REQUEST_PIXELS; [] if none may run. Chosen
+        by position before the queue changes: if choosing fails, nothing has left the queue."""
         waiting = list(self.waiting)
-        chosen = [0]
+        runnable = [index for index, (parsed, _) in enumerate(waiting) if self.large_threads or not is_large(parsed)]
+        if not runnable:
+            return []
+        chosen = runnable[:1]
         if self.batching:
-            first = waiting[0][0]
+            first = waiting[chosen[0]][0]
             instances, pixels = len(first), first.pixels
-            for index, (parsed, _) in enumerate(waiting[1:], start=1):
+            for index in range(chosen[0] + 1, len(waiting)):
+                parsed = waiting[index][0]
                 if (
                     parsed.signature == first.signature
+                    and is_large(parsed) == is_large(first)
                     and instances + len(parsed) <= self.model.max_batch
                     and pixels + parsed.pixels <= MAX_REQUEST_PIXELS
                 ):
@@ -72,7 +90,7 @@ class Batcher:
         self.waiting = collections.deque(entry for index, entry in enumerate(waiting) if index not in taken)
         return [waiting[index] for index in chosen]
 
-    async def run(self, batch):
+    async def run(self, batch, large=False):
         try:
             results = await asyncio.get_running_loop().run_in_executor(
                 self.pool, self.model.infer, [parsed for parsed, _ in batch]
@@ -88,4 +106,10 @@ class Batcher:
                     future.set_exception(error)
         finally:
             self.idle_threads += 1
+            self.large_threads += large
             self.dispatch()
+
+
+def is_large(parsed):
+    """Whether the `Parsed` request's images decode to more than LARGE_REQUEST_PIXELS."""
+    return parsed.pixels > LARGE_REQUEST_PIXELS

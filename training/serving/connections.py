@@ -107,6 +107,7 @@ class Connections:
     def __init__(self, app, request_timeout, limit, access_log=False):
         self.app, self.request_timeout, self.limit, self.access_log = app, request_timeout, limit, access_log
         self.open = set()
+        self.running = set()  # the exchanges' tasks: the event loop keeps only weak references
         self.stopping = False
 
     def protocol(self):
@@ -234,7 +235,9 @@ class Connection(asyncio.Protocol):
             "headers": list(request.headers),
         }
         self.exchange = Exchange(self, scope)
-        asyncio.get_running_loop().create_task(self.exchange.run())
+        task = asyncio.get_running_loop().create_task(self.exchange.run())
+        self.connections.running.add(task)
+        task.add_done_callback(self.connections.running.discard)
 
     def answered(self):
         """The exchange's response is sent: the next request, or the connection closed."""

@@ -10,12 +10,14 @@ close a slow head silently; all three answer malformed requests in plain text or
   connection opening or of the previous response: otherwise 408 and the connection closed
   (a client that trickles bytes holds nothing for long); an idle one is closed silently,
   and a kept-alive one after KEEP_ALIVE_SECONDS without a new request.
-- At most `limit` connections: past it, 503 with Retry-After, closed at once.
+- At most `limit` connections: past it, 503 with Retry-After, and closed.
 - Every error of the HTTP layer is TF Serving's JSON: 400 for what h11 refuses (the head's
   syntax, the body's chunked encoding), 414 or 431 for a request line or headers past
   MAX_HEAD_BYTES, 505 for another HTTP version, 400 for a request framed both ways.
-- A request whose body is not read whole is answered once, then its connection closed:
-  unread bytes are never read as a request.
+- A request whose body the application did not read whole is answered once, then its
+  connection closed: unread bytes are never read as a request. A refused connection is
+  answered, its sending side closed, and closed when the client closes its own or after
+  LINGER_SECONDS.
 - A client that half-closes after a whole request is answered, then closed; one that
   leaves before its answer makes its request's `receive` answer "http.disconnect".
 - Reading pauses while more than BUFFERED_BODY_BYTES of a body wait for the application
@@ -53,7 +55,7 @@ def error_response(status, message):
     """TF Serving's JSON error as raw HTTP/1.1 bytes, closing the connection."""
     body = json.dumps({"error": message}).encode()
     head = (
-        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+        f"HTTP/1.1 {status} {phrase(status).decode()}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n"
     )
     if status == 503:

@@ -176,8 +176,8 @@ def check_length(request):
 async def unless_client_leaves(request, work):
     """The result of the coroutine `work`, or a ClientDisconnect as soon as the client has
     gone (`receive` answers "http.disconnect" once the body is read and the connection
-    closes, `connections.Exchange`): `work` is cancelled, and a request waiting for the network leaves
-    the `Batcher`'s queue unrun."""
+    closes: `connections.Exchange`): `work` is cancelled, and a request waiting for the
+    network leaves the `Batcher`'s queue unrun."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(disconnected(request))
     try:

@@ -69,7 +69,9 @@ class Batcher:
         that fits within max_batch instances and MAX_REQUEST_PIXELS; [] if none may run. Chosen
         by position before the queue changes: if choosing fails, nothing has left the queue."""
         waiting = list(self.waiting)
-        runnable = [index for index, (parsed, _) in enumerate(waiting) if self.large_threads or not is_large(parsed)]
+        runnable = [
+            index for index, (parsed, _) in enumerate(waiting) if self.large_threads > 0 or not is_large(parsed)
+        ]
         if not runnable:
             return []
         chosen = runnable[:1]

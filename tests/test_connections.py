@@ -72,10 +72,7 @@ CLOSING_GET = b"GET /b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 def test_pipelined_requests_are_answered_in_order_on_one_connection(server):
     _, port, _ = server
     received = exchange(port, GET + b"POST /c HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc" + CLOSING_GET)
-    answers = [
-        json.loads(part.split(b"\r\n\r\n", 1)[1][: part.index(b"}") + 1])
-        for part in received.split(b"HTTP/1.1 200 OK")[1:]
-    ]
+    answers = [json.loads(part.split(b"\r\n\r\n", 1)[1]) for part in received.split(b"HTTP/1.1 200 OK")[1:]]
     assert [answer["path"] for answer in answers] == ["/a", "/c", "/b"] and answers[1]["bytes"] == 3
 
 

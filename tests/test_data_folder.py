@@ -128,10 +128,10 @@ def test_commands_refuse_a_missing_image_folder_before_loading_tensorflow(tmp_pa
 def test_evaluate_refuses_weights_that_do_not_ship_before_reading_the_data(tmp_path):
     root = sample_folder(tmp_path / "images")
     (root / "test" / "cat" / "cat_0000.jpg").write_bytes(b"not an image: an error, were the data read first")
-    result = run("evaluate", "--model", "resnet110", "--data-dir", str(root))
+    result = run("evaluate", "--model", "resnet1202", "--data-dir", str(root))  # the paper's overfit example
     assert result.returncode == 2
     assert result.stderr.startswith("error: keras-preact ships cifar10 weights for these networks only")
-    assert "Received: model='resnet110'" in result.stderr
+    assert "Received: model='resnet1202'" in result.stderr
 
 
 @pytest.mark.tensorflow

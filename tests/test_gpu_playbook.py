@@ -22,9 +22,14 @@ SPECIFICATION.loader.exec_module(playbook)
 
 
 def test_the_queue_is_read_in_order():
+    """Each runner's runs in the order of scripts/queue.txt's lines (the runs landed leave it)."""
+    with open(os.path.join(ROOT, "scripts", "queue.txt")) as queue:
+        lines = [line.split("|") for line in queue if line.strip() and not line.startswith("#")]
     gpu = [name for name, _ in playbook.queue("gpu")]
     cpu = [name for name, _ in playbook.queue("cpu")]
-    assert cpu == [name for name in gpu if name.startswith("zoo-")] and cpu[:2] == ["zoo-resnet110", "zoo-resnet164"]
+    assert gpu == [fields[0].strip() for fields in lines if "gpu" in fields[1].split()]
+    assert cpu == [fields[0].strip() for fields in lines if "cpu" in fields[1].split()]
+    assert cpu == [name for name in gpu if name.startswith("zoo-")]
     assert dict(playbook.queue("gpu"))["paper-resnet164"] == [
         "--config",
         "cifar10_paper",
@@ -42,8 +47,9 @@ def test_the_cpu_queue_runs_its_entries_in_order(tmp_path):
     recorder.write_text('#!/bin/sh\necho "$@" >> "$RUNS/calls"\nfor last; do :; done\necho {} > "$last/summary.json"\n')
     recorder.chmod(0o755)
     environment = dict(os.environ, RUNS=str(tmp_path / "runs"), DATA="/data", PYTHON=str(recorder))
-    (tmp_path / "runs" / "zoo-resnet110").mkdir(parents=True)
-    (tmp_path / "runs" / "zoo-resnet110" / "summary.json").write_text("{}")  # finished: skipped
+    first = tmp_path / "runs" / playbook.queue("cpu")[0][0]
+    first.mkdir(parents=True)
+    (first / "summary.json").write_text("{}")  # finished: skipped
     subprocess.run([os.path.join(ROOT, "scripts", "zoo_queue.sh")], env=environment, check=True, timeout=60)
     calls = (tmp_path / "runs" / "calls").read_text().splitlines()
     expected = [

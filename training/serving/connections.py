@@ -38,11 +38,13 @@ import h11
 MAX_HEAD_BYTES = 16 * 2**10
 # What a 503 asks the client to wait, in seconds.
 RETRY_AFTER_SECONDS = 1
-# Seconds a kept-alive connection may sit idle between requests.
+# Seconds a kept-alive connection may sit idle between requests (uvicorn's default, which this
+# server kept).
 KEEP_ALIVE_SECONDS = 5
 # Seconds a refused connection stays open for its client to read the answer and close.
 LINGER_SECONDS = 1
-# Bytes of a body received and not yet taken by the application before reading pauses.
+# Bytes of a body received and not yet taken by the application before reading pauses
+# (uvicorn's high-water mark, which this server kept).
 BUFFERED_BODY_BYTES = 64 * 2**10
 INVALID_REQUEST = (
     "Invalid HTTP request: it does not follow HTTP/1.1 (RFC 9112), for example a malformed request "

@@ -28,7 +28,8 @@ from .model import ModelServer
 LISTEN_BACKLOG = 1024
 # Connections open at once (past it: 503, then closed).
 MAX_CONNECTIONS = 2048
-# Seconds the requests under way have to be answered once the server is told to stop.
+# Seconds the requests under way have to be answered once the server is told to stop (uvicorn's
+# graceful-shutdown timeout, which this server kept).
 STOP_SECONDS = 5
 
 

@@ -54,9 +54,8 @@ test-tensorflow: $(VENV)/installed
 
 # The library's suites on two workers that share out tests, not files (a worker that runs out
 # takes half of the other's): their longest tests, the registry checks of the shipped networks,
-# are in one file, which one worker ran alone for most of the suite. Measured 2026-11-26 on this
-# project's 2-core AMD EPYC beside the zoo's queue, by files -> by tests: JAX 393 -> 377 s,
-# PyTorch 285 -> 208 s.
+# are in one file, which one worker ran alone for most of the suite (docs/getting-started.md
+# gives the times measured before and after).
 LIBRARY_SUITE := -m "not large and not tensorflow and not commands and not slow" -p no:cacheprovider --dist worksteal
 
 test-jax: $(VENV)/installed

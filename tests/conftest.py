@@ -9,10 +9,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # PyTorch's CPU threads (OpenMP) wait for work spinning: two xdist workers' pools of a thread a
 # core each, on the same cores, spend most of their time waiting for one another. So each
 # worker, and each command it starts (they inherit the variable), computes on its share of
-# the cores. Measured 2026-11-26 on this project's 2-core AMD EPYC, `make test-torch`'s tests
-# but the registry checks, their times summed over both workers: 330 -> 84 s. TensorFlow's and
-# XLA's pools keep every core: limited the same way, the TensorFlow and JAX suites took as
-# long, and the digits demo trained to other weights (oneDNN splits its sums by thread).
+# the cores (docs/getting-started.md gives the times before and after). TensorFlow's and XLA's
+# pools keep every core: limited the same way, the TensorFlow and JAX suites took as long, and
+# the digits demo trained to other weights (oneDNN splits its sums by thread).
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))

@@ -32,8 +32,8 @@ LIBRARY_TESTS := tests/test_units.py tests/test_merges.py tests/test_models.py t
 
 # Everyday checks, in under three minutes: lint and format (ruff, configured in pyproject.toml),
 # then the library's unit tests (the diagnose command's test is the training package's) on two
-# workers that take tests one by one: 2.9 minutes here alone, 3.1 beside the zoo's queue, 5.6 in
-# one process beside it (2026-11-26).
+# workers that take tests one by one, which halved the time of one process (docs/benchmarks.md,
+# "The test suite's time").
 check: lint
 	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -m "not large and not slow" -n 2 --dist load -p no:cacheprovider \
 		--durations=5 --deselect tests/test_analysis.py::test_diagnose_command_writes_its_plots_and_tables \
@@ -54,8 +54,8 @@ test-tensorflow: $(VENV)/installed
 
 # The library's suites on two workers that share out tests, not files (a worker that runs out
 # takes half of the other's): their longest tests, the registry checks of the shipped networks,
-# are in one file, which one worker ran alone for most of the suite (docs/getting-started.md
-# gives the times measured before and after).
+# are in one file, which one worker ran alone for most of the suite (docs/benchmarks.md,
+# "The test suite's time", gives the times measured before and after).
 LIBRARY_SUITE := -m "not large and not tensorflow and not commands and not slow" -p no:cacheprovider --dist worksteal
 
 test-jax: $(VENV)/installed

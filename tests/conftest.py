@@ -9,9 +9,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # PyTorch's CPU threads (OpenMP) wait for work spinning: two xdist workers' pools of a thread a
 # core each, on the same cores, spend most of their time waiting for one another. So each
 # worker, and each command it starts (they inherit the variable), computes on its share of
-# the cores (docs/getting-started.md gives the times before and after). TensorFlow's and XLA's
-# pools keep every core: limited the same way, the TensorFlow and JAX suites took as long, and
-# the digits demo trained to other weights (oneDNN splits its sums by thread).
+# the cores (docs/benchmarks.md, "The test suite's time", gives the times before and after).
+# TensorFlow's and XLA's pools keep every core: limited the same way, the TensorFlow and JAX
+# suites took as long, and the digits demo trained to other weights (oneDNN splits its sums by
+# thread).
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
@@ -27,10 +28,9 @@ import pytest
 # compiles (a network's initializers, a training step) the next reads back instead of compiling
 # it again. The program is the same, so are the results (a digits run's weights keep their
 # SHA-256). Not in the test processes themselves, whose computations compile once each:
-# writing them all cost more than it saved. Measured
-# 2026-11-26 on this project's 2-core AMD EPYC: two tests of three and two JAX digits runs,
-# 108 -> 84 s; JAX's unit tests of three files in their own processes, 219 -> 297 s. A size bound
-# turns on JAX's file lock, which processes writing the folder at once need. Removed at the end.
+# writing them all cost more than it saved (docs/benchmarks.md, "The test suite's time"). A
+# size bound turns on JAX's file lock, which processes writing the folder at once need. Removed
+# at the end.
 JAX_CACHE_OWNER = "KERAS_PREACT_TEST_JAX_CACHE" not in os.environ
 if JAX_CACHE_OWNER:
     os.environ["KERAS_PREACT_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="keras-preact-jax-cache-")

@@ -509,7 +509,9 @@ def test_bad_input_exits_with_a_clear_message(tmp_path, arguments, message):
 
 @pytest.mark.parametrize("command", ["train", "tune"])
 def test_a_data_dir_given_to_the_digits_is_named_as_not_read(capsys, command):
-    cli.check_data_folder(command_line.parser().parse_args([command, "--config", "digits_demo", "--data-dir", "/nowhere"]))
+    cli.check_data_folder(
+        command_line.parser().parse_args([command, "--config", "digits_demo", "--data-dir", "/nowhere"])
+    )
     assert capsys.readouterr().err == (
         "warning: data_dir='/nowhere' is not read: the digits are embedded in scikit-learn (--data-dir is read "
         "by the data sets of files: folder, cifar10, cifar100, imagenet2012).\n"

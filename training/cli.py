@@ -1,6 +1,7 @@
 """`keras-preact`'s commands: `main` parses the command line (`command_line.parser`), checks
 what can be checked before TensorFlow loads, and runs the command's function from `COMMANDS`;
-bad input exits with 2 and one line that says why."""
+bad input exits with 2, a diverged run with 3, a run whose checkpoints are all unreadable
+with 4, each with one line that says why."""
 
 import dataclasses
 import json

@@ -126,6 +126,38 @@ def test_random_padded_crop_shifts_each_image_within_the_padding():
     )
 
 
+def test_random_cutout_zeroes_one_square_per_image_clipped_at_the_borders():
+    images = np.ones((64, 12, 10, 2), dtype="float32")
+    cut = keras.ops.convert_to_numpy(recipe.RandomCutout(4, seed=2)(images, training=True))
+    centres = set()
+    for image in cut:
+        zeros = image == 0
+        np.testing.assert_array_equal(zeros[..., 0], zeros[..., 1])  # every channel alike
+        rows, columns = np.flatnonzero(zeros[..., 0].any(1)), np.flatnonzero(zeros[..., 0].any(0))
+        # One rectangle: the square of side 4 starting 2 before its centre, cut by the borders.
+        assert zeros[..., 0].sum() == len(rows) * len(columns)
+        assert np.array_equal(rows, np.arange(rows[0], rows[-1] + 1)) and 2 <= len(rows) <= 4
+        assert np.array_equal(columns, np.arange(columns[0], columns[-1] + 1)) and 2 <= len(columns) <= 4
+        centre = (rows[-1] - 1 if rows[0] == 0 else rows[0] + 2, columns[-1] - 1 if columns[0] == 0 else columns[0] + 2)
+        assert 0 <= centre[0] < 12 and 0 <= centre[1] < 10
+        centres.add(centre)
+        np.testing.assert_array_equal(image[~zeros], 1)
+    assert len(centres) > 30  # each image its own square
+    assert any(len(np.flatnonzero((image == 0).any((1, 2)))) < 4 for image in cut)  # some cut by a border
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(recipe.RandomCutout(4)(images, training=False)), images)
+    with pytest.raises(ValueError, match="size must be an integer >= 0. Received: size=-1"):
+        recipe.RandomCutout(-1)
+
+
+def test_cutout_follows_normalisation_and_is_checked():
+    layers = recipe.preprocessing(PAPER.override("cutout=16"), seed=3)
+    assert [layer.name for layer in layers] == ["random_padded_crop", "random_flip", "normalization", "random_cutout"]
+    assert layers[-1].size == 16
+    assert "random_cutout" not in [layer.name for layer in recipe.preprocessing(PAPER)]
+    with pytest.raises(ValueError, match="cutout must be an integer >= 0 \\(0: none\\). Received: cutout=-2"):
+        PAPER.override("cutout=-2")
+
+
 def test_flips_happen_per_image_and_values_stay_in_range():
     layers = recipe.preprocessing(PAPER, seed=3)
     assert [layer.name for layer in layers] == ["random_padded_crop", "random_flip", "normalization"]

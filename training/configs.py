@@ -126,6 +126,9 @@ class Config:
             warm-up rate is scaled with the batch size like `learning_rate`.
         crop_padding: pixels of zero padding before the random crop (0: no crop).
         horizontal_flip: random horizontal flips.
+        cutout: the side of the square of zeros Cutout puts at a random place in every
+            training image after normalisation (DeVries and Taylor, 2017; 16 on CIFAR-10);
+            0 for none.
         normalization_mean, normalization_std: per-channel (or one value for every channel),
             on the 0-255 scale.
         evaluate_every: steps between two evaluations on the test set (and the end).
@@ -182,6 +185,7 @@ class Config:
     warmup_learning_rate: float = 0.01
     crop_padding: int = 4
     horizontal_flip: bool = True
+    cutout: int = 0
     normalization_mean: tuple = defaults.CIFAR10_MEAN
     normalization_std: tuple = defaults.CIFAR10_STD
     evaluate_every: int = 4000
@@ -250,6 +254,8 @@ class Config:
                 raise ValueError(
                     f"{field} must be a finite number{' ' * bool(text)}{text}. Received: {field}={value!r}"
                 )
+        if not defaults.is_integer(self.cutout) or self.cutout < 0:
+            raise ValueError(f"cutout must be an integer >= 0 (0: none). Received: cutout={self.cutout!r}")
         for field in ("train_examples", "test_examples", "validation_examples"):
             value = getattr(self, field)
             if value is not None and (not defaults.is_integer(value) or value < 1):

@@ -2,21 +2,27 @@
 its checkpoints and finished networks brought back and landed here.
 
 A session lent a GPU runs it first, in this order, with nothing else between the device calls
-(a device machine goes back 30 s after a call ends, and a session has 30 minutes of it):
+(a device machine goes back 30 s after a call ends, and a session has 15 minutes of it):
 
     python scripts/gpu_playbook.py pack                        # here: .gpu/, what the device lacks
-    run: python3 scripts/gpu_playbook.py start --minutes 8.5   # device, carry [".gpu"]: starts the queue
-    run: python3 scripts/gpu_playbook.py collect --minutes 9   # device, again within 30 s: trains on
-    run: python3 scripts/gpu_playbook.py collect --minutes 6   # (as device time allows)
+    run: python3 scripts/gpu_playbook.py receive               # device, carry [".gpu-data/part-1"]
+    ...                                                        # each part in turn (pack prints the calls)
+    run: python3 scripts/gpu_playbook.py start --minutes 8     # device, carry [".gpu"]: starts the queue
+    run: python3 scripts/gpu_playbook.py collect --minutes 3   # device, again within 30 s (as time allows)
     python scripts/gpu_playbook.py land FILES_AT               # here, after each call: checkpoints, networks
 
 `pack` fills the ignored folder `.gpu/` with what the device machine lacks: Keras and its
-dependencies that are not there (wheels for its Python 3.12), the CIFAR-10 JPEG archive
-(`../shared/data` does not travel) and the newest checkpoint of each queued run that this
-machine's CPU queue has begun (TensorFlow-format checkpoints converted to `.npz`), as many as
-the 64 MiB a call carries allows.
+dependencies that are not there (wheels for its Python 3.12), and the newest checkpoint of
+each queued run that this machine's CPU queue has begun (TensorFlow-format checkpoints
+converted to `.npz`), as many as the 64 MiB a call carries allows. `../shared/data` does not
+travel, and the CIFAR-10 archive (`cifar10-png.tar.xz`, 137 MB) is larger than a call carries:
+`pack` cuts it into parts that each fit one call beside the working tree (`.gpu-data/part-N`,
+its SHA-256 in `.gpu/data.json`), and `receive` moves each carried part out of the working
+tree, which the next call replaces, into the device's `/tmp/keras-preact/parts`, which stays
+while the machine does.
 
-`start` installs the wheels, extracts the images, and starts the first CONCURRENT runs of
+`start` joins the parts, checks the archive's SHA-256 and extracts the images (once a
+machine), installs the wheels, and starts the first CONCURRENT runs of
 `scripts/queue.txt` marked "gpu" that have not finished, in the queue's order, together on the
 one GPU (the next starts as one finishes), each a `keras-preact train` under JAX (NumPy's
 input pipeline; no TensorFlow there) in a process of its own session, which outlives the
@@ -48,9 +54,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUEUE_FILE = os.path.join(ROOT, "scripts", "queue.txt")
 PACK = os.path.join(ROOT, ".gpu")
-ARCHIVE = os.path.join(ROOT, "..", "shared", "data", "cifar10-jpeg.tar.xz")
+PARTS = os.path.join(ROOT, ".gpu-data")
+ARCHIVE = os.path.join(ROOT, "..", "shared", "data", "cifar10-png.tar.xz")
+# The image folder the archive holds, as the CPU queue keeps it and as the device extracts it.
+DATA_FOLDER = "cifar10-png"
 CPU_RUNS = os.path.expanduser("~/.cache/keras-preact/runs")
-CPU_DATA = os.path.expanduser("~/.cache/keras-preact/cifar10-jpeg")
+CPU_DATA = os.path.expanduser(f"~/.cache/keras-preact/{DATA_FOLDER}")
 # What the device machine's Python (3.12, with JAX, NumPy, Pillow, h5py, matplotlib, rich,
 # absl-py, ml-dtypes and scikit-learn) lacks of Keras' and keras-preact's needs.
 WHEELS = ("keras", "namex", "optree")
@@ -109,9 +118,10 @@ def working_tree_bytes():
     )
 
 
-def pack(runs=CPU_RUNS, wheels=True, archive=ARCHIVE, output=PACK, entries=None):
-    """Fills `output` (.gpu/) with the wheels, the CIFAR-10 archive (None: none) and the newest
-    checkpoints of the queued runs (`entries`; scripts/queue.txt's "gpu" runs by default)."""
+def pack(runs=CPU_RUNS, wheels=True, archive=ARCHIVE, output=PACK, entries=None, parts=PARTS):
+    """Fills `output` (.gpu/) with the wheels and the newest checkpoints of the queued runs
+    (`entries`; scripts/queue.txt's "gpu" runs by default), and `parts` (.gpu-data/) with the
+    CIFAR-10 archive cut into parts of a call each (`archive` None: none)."""
     from keras_preact_training import checkpoints
 
     shutil.rmtree(output, ignore_errors=True)
@@ -142,7 +152,7 @@ def pack(runs=CPU_RUNS, wheels=True, archive=ARCHIVE, output=PACK, entries=None)
     if archive is not None:
         if not os.path.isfile(archive):
             raise SystemExit(f"error: the CIFAR-10 archive is not at {archive} (../shared/data/README.md)")
-        shutil.copy(archive, os.path.join(output, os.path.basename(ARCHIVE)))
+        cut(archive, parts, CARRY_BYTES - CARRY_MARGIN_BYTES - working_tree_bytes(), output)
     budget = CARRY_BYTES - CARRY_MARGIN_BYTES - working_tree_bytes() - folder_bytes(output)
     for name, _ in queue("gpu") if entries is None else entries:
         run_dir = os.path.join(runs, name)
@@ -174,6 +184,76 @@ def pack(runs=CPU_RUNS, wheels=True, archive=ARCHIVE, output=PACK, entries=None)
     )
 
 
+def cut(archive, parts, part_bytes, output):
+    """`archive` as consecutive parts of at most `part_bytes` in `parts` (part-1, part-2, ...),
+    and `output`/data.json naming them with the whole archive's SHA-256; prints the device
+    calls that carry them."""
+    import hashlib
+
+    shutil.rmtree(parts, ignore_errors=True)
+    os.makedirs(parts)
+    digest, names = hashlib.sha256(), []
+    with open(archive, "rb") as source:
+        while chunk := source.read(part_bytes):
+            digest.update(chunk)
+            names.append(f"part-{len(names) + 1}")
+            with open(os.path.join(parts, names[-1]), "wb") as part:
+                part.write(chunk)
+    with open(os.path.join(output, "data.json"), "w") as file:
+        json.dump(dict(archive=os.path.basename(archive), sha256=digest.hexdigest(), parts=names), file)
+    for name in names:
+        print(f'run: python3 scripts/gpu_playbook.py receive   carry: ["{os.path.basename(parts)}/{name}"]')
+
+
+def receive(device_root=DEVICE_ROOT, parts=PARTS):
+    """On the device: the parts carried by this call moved out of the working tree into
+    `device_root`/parts, where the next calls find them."""
+    folder = os.path.join(device_root, "parts")
+    os.makedirs(folder, exist_ok=True)
+    for name in sorted(os.listdir(parts)) if os.path.isdir(parts) else []:
+        shutil.move(os.path.join(parts, name), os.path.join(folder, name))
+        print(f"{name}: received ({os.path.getsize(os.path.join(folder, name)) / 2**20:.1f} MiB)")
+    print(f"parts here: {sorted(os.listdir(folder))}")
+
+
+def assemble(device_root, packed):
+    """On the device: the image folder, extracted once from the parts `receive` kept, joined in
+    order and checked against the SHA-256 of `packed`/data.json. Returns its path.
+
+    Raises:
+        SystemExit: naming the parts missing, or a joined archive that is not the one packed.
+    """
+    import hashlib
+
+    folder = os.path.join(device_root, DATA_FOLDER)
+    if os.path.isdir(folder):
+        return folder
+    with open(os.path.join(packed, "data.json")) as file:
+        manifest = json.load(file)
+    received = os.path.join(device_root, "parts")
+    missing = [name for name in manifest["parts"] if not os.path.isfile(os.path.join(received, name))]
+    if missing:
+        raise SystemExit(
+            f"error: parts {missing} of {manifest['archive']} were not received: carry each to `receive` first"
+        )
+    archive, digest = os.path.join(device_root, manifest["archive"]), hashlib.sha256()
+    with open(archive, "wb") as joined:
+        for name in manifest["parts"]:
+            with open(os.path.join(received, name), "rb") as part:
+                while chunk := part.read(2**24):
+                    digest.update(chunk)
+                    joined.write(chunk)
+    if digest.hexdigest() != manifest["sha256"]:
+        raise SystemExit(
+            f"error: the joined {manifest['archive']} has SHA-256 {digest.hexdigest()}, not {manifest['sha256']}"
+        )
+    with tarfile.open(archive) as opened:
+        opened.extractall(device_root, filter="data")
+    os.remove(archive)
+    shutil.rmtree(received)
+    return folder
+
+
 def folder_bytes(folder):
     return sum(
         os.path.getsize(os.path.join(directory, file)) for directory, _, files in os.walk(folder) for file in files
@@ -181,7 +261,8 @@ def folder_bytes(folder):
 
 
 def start(minutes, out, device_root=DEVICE_ROOT, entries=None, backend="jax", packed=PACK, concurrent=CONCURRENT):
-    """On the device: installs the wheels of `packed`, extracts its images, starts the first
+    """On the device: installs the wheels of `packed`, joins and extracts the images (`assemble`,
+    where `packed` names an archive's parts), starts the first
     `concurrent` unfinished runs (each from its carried checkpoint), waits `minutes` while
     starting the next as runs finish, then writes the bundles to `out`."""
     entries = queue("gpu") if entries is None else entries
@@ -205,10 +286,8 @@ def start(minutes, out, device_root=DEVICE_ROOT, entries=None, backend="jax", pa
             ],
             check=True,
         )
-    archive = os.path.join(packed, os.path.basename(ARCHIVE))
-    if not os.path.isdir(os.path.join(device_root, "cifar10-jpeg")) and os.path.exists(archive):
-        with tarfile.open(archive, "r:xz") as opened:
-            opened.extractall(device_root, filter="data")
+    if os.path.exists(os.path.join(packed, "data.json")):
+        assemble(device_root, packed)
     os.makedirs(os.path.join(device_root, "runs"), exist_ok=True)
     for name, _ in entries:
         carried, run_dir = os.path.join(packed, "runs", name), os.path.join(device_root, "runs", name)
@@ -257,7 +336,7 @@ def fill(device_root, entries):
                     "train",
                     *arguments,
                     "--data-dir",
-                    os.path.join(device_root, "cifar10-jpeg"),
+                    os.path.join(device_root, DATA_FOLDER),
                     "--run-dir",
                     run_dir,
                 ],
@@ -490,11 +569,12 @@ def main():
                 default=CONCURRENT,
                 help=f"runs trained at once on the GPU (default: {CONCURRENT})",
             )
+    commands.add_parser("receive", help="on the device: keep the archive's parts this call carried")
     commands.add_parser("stop", help="on the device: end the runs")
     landing = commands.add_parser("land", help="here: put a device call's bundles into the CPU queue's runs")
     landing.add_argument("folder", help="the device call's files (the reply's files_at)")
     landing.add_argument("--runs", default=CPU_RUNS)
-    landing.add_argument("--data-dir", default=CPU_DATA, help="CIFAR-10 as JPEG folders here")
+    landing.add_argument("--data-dir", default=CPU_DATA, help="CIFAR-10 as PNG folders here")
     arguments = parser.parse_args()
     if arguments.command == "pack":
         pack(arguments.runs)
@@ -502,6 +582,8 @@ def main():
         start(arguments.minutes, arguments.out, concurrent=arguments.concurrent)
     elif arguments.command == "collect":
         collect(arguments.minutes, arguments.out)
+    elif arguments.command == "receive":
+        receive()
     elif arguments.command == "stop":
         stop()
     else:

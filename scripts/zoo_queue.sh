@@ -55,8 +55,11 @@ while entry=$(next_run) && [ -n "$entry" ]; do
   arguments=${entry#*|}
   mkdir -p "$RUNS/$name"
   echo "$(date -u +%FT%TZ) start $name: $arguments" >> "$RUNS/queue.log"
+  # A run that names its own --data-dir in queue.txt keeps it; the others read $DATA.
+  data=(--data-dir "$DATA")
+  case " $arguments " in *" --data-dir "*) data=() ;; esac
   # shellcheck disable=SC2086  (the arguments are words)
-  nice -n 10 "$PYTHON" -m keras_preact_training train $arguments --data-dir "$DATA" --run-dir "$RUNS/$name" \
+  nice -n 10 "$PYTHON" -m keras_preact_training train $arguments "${data[@]}" --run-dir "$RUNS/$name" \
     < /dev/null >> "$RUNS/$name/output.txt" 2>&1
   status=$?
   echo "$(date -u +%FT%TZ) end $name: exit $status" >> "$RUNS/queue.log"

@@ -44,7 +44,7 @@ if "jax" in sys.modules:  # an xdist worker under JAX, which read the variables 
     sys.modules["jax"].config.update("jax_enable_compilation_cache", False)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CIFAR_ARCHIVE = os.path.join(ROOT, "..", "shared", "data", "cifar10-jpeg.tar.xz")
+CIFAR_ARCHIVE = os.path.join(ROOT, "..", "shared", "data", "cifar10-png.tar.xz")
 # The console command (pyproject's [project.scripts]) as a user runs it: installed beside
 # the Python that runs the tests, in the virtual environment's bin/.
 KERAS_PREACT = os.path.join(os.path.dirname(sys.executable), "keras-preact")
@@ -222,10 +222,11 @@ def config_round_trip(layer):
 
 @pytest.fixture(scope="session")
 def cifar_folder():
-    """CIFAR-10 as JPEG folders, extracted once into the user's cache, where `keras-preact data`
-    puts it (pytest-xdist's workers take turns: the first extracts, the others find it done)."""
+    """CIFAR-10 with its original pixels as PNG folders, extracted once into the user's cache, where
+    `keras-preact data` puts it (pytest-xdist's workers take turns: the first extracts, the others
+    find it done)."""
     from keras_preact_training import data_folder
 
     if not os.path.exists(CIFAR_ARCHIVE):
-        pytest.skip(f"CIFAR-10 JPEG archive not found at {os.path.normpath(CIFAR_ARCHIVE)} (see shared/data/README.md)")
+        pytest.skip(f"CIFAR-10 PNG archive not found at {os.path.normpath(CIFAR_ARCHIVE)} (see shared/data/README.md)")
     return data_folder.extract(CIFAR_ARCHIVE)

@@ -3,11 +3,13 @@ commands that read an image folder refuse a missing or misshapen one at once, sa
 folder is laid out and made; offline, a data set that would be downloaded fails at once."""
 
 import os
+import pickle
 import shutil
 import subprocess
 import tarfile
 import zipfile
 
+import numpy as np
 import pytest
 
 from keras_preact_training import data_folder
@@ -60,12 +62,111 @@ def test_data_makes_the_folder_from_an_archive_once(tmp_path, name, top):
     assert again.stdout.startswith(f"Already made: {destination}, 10 training")
 
 
-def test_an_extraction_stopped_midway_is_made_again(tmp_path):
+def test_data_never_touches_a_folder_it_did_not_make(tmp_path):
+    """A user's folder at --data-dir, with files of their own: left as it was, the command
+    refused in one line; an empty folder is filled."""
     archive = archive_of(sample_folder(tmp_path / "source"), tmp_path / "images.tar.xz")
-    destination = tmp_path / "cifar10-jpeg"
-    (destination / "train" / "cat").mkdir(parents=True)  # left by an extraction that never finished
-    assert data_folder.extract(archive, str(destination)) == str(destination)
-    assert data_folder.counts(str(destination)) == {"train": (10, 10), "test": (10, 10)}
+    destination = tmp_path / "mine"
+    (destination / "train" / "cat").mkdir(parents=True)
+    (destination / "notes.txt").write_text("a user's file")
+    result = run("data", archive, "--data-dir", str(destination))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"error: {destination} exists and was not made by `keras-preact data` (no {destination}.done): its files "
+        f"are left as they are. Pass another --data-dir, or move it away first. Received: data_dir={str(destination)!r}\n"
+    )
+    assert (destination / "notes.txt").read_text() == "a user's file"
+    assert sorted(os.listdir(destination)) == ["notes.txt", "train"] and not (tmp_path / "mine.done").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert data_folder.extract(archive, str(empty)) == str(empty)
+    assert data_folder.counts(str(empty)) == {"train": (10, 10), "test": (10, 10)}
+
+
+def release_archive(path, images, labels, test_images, test_labels, names):
+    """A `cifar-10-python.tar.gz` of CIFAR-10's release format (its pickled batches, protocol 2,
+    bytes keys, rows of 1,024 red, green then blue values) holding the images given: the
+    training images split over its five batches."""
+    folder = path.parent / "cifar-10-batches-py"
+    folder.mkdir()
+
+    def write(name, batch):
+        with open(folder / name, "wb") as file:
+            pickle.dump(batch, file, protocol=2)
+
+    write("batches.meta", {b"label_names": [name.encode() for name in names], b"num_vis": 3072})
+    rows = images.transpose(0, 3, 1, 2).reshape(len(images), -1)
+    for number, part in enumerate(np.array_split(np.arange(len(images)), 5), start=1):
+        write(f"data_batch_{number}", {b"data": rows[part], b"labels": [int(labels[index]) for index in part]})
+    test_rows = test_images.transpose(0, 3, 1, 2).reshape(len(test_images), -1)
+    write("test_batch", {b"data": test_rows, b"labels": [int(label) for label in test_labels]})
+    with tarfile.open(path, "w:gz") as archive:
+        archive.add(folder, "cifar-10-batches-py")
+    return str(path)
+
+
+def test_data_makes_the_png_folder_from_the_official_python_release(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    names = ["airplane", "automobile", "bird"]
+    images = rng.integers(0, 256, (12, 32, 32, 3), dtype=np.uint8)
+    labels = np.array([2, 0, 0, 1, 2, 2, 0, 1, 1, 0, 2, 2])
+    test_images = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+    archive = release_archive(tmp_path / "cifar-10-python.tar.gz", images, labels, test_images, [1, 0, 1, 2], names)
+    destination = tmp_path / "cifar10-png"
+    made = run("data", archive, "--data-dir", str(destination))
+    assert made.returncode == 0, made.stderr
+    assert made.stdout == f"Made: {destination}, 12 training and 4 test images in 3 classes.\n"
+    assert sorted(os.listdir(destination / "train" / "bird")) == [
+        "0000.png",
+        "0001.png",
+        "0002.png",
+        "0003.png",
+        "0004.png",
+    ]
+    # NNNN is the image's index within its class in the release's order, its pixels exact.
+    for label, name in enumerate(names):
+        for index, image in enumerate(images[labels == label]):
+            np.testing.assert_array_equal(
+                np.asarray(Image.open(destination / "train" / name / f"{index:04d}.png")), image
+            )
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(destination / "test" / "automobile" / "0001.png")), test_images[2]
+    )
+    assert sorted(os.listdir(tmp_path)) == [
+        "cifar-10-batches-py",
+        "cifar-10-python.tar.gz",
+        "cifar10-png",
+        "cifar10-png.done",
+        "cifar10-png.lock",
+    ]
+
+
+def test_a_release_whose_pickles_name_anything_else_is_refused_unrun(tmp_path):
+    """The batches are pickles: one that would call a function (here os.system) is an error
+    that names the file, and the function never runs."""
+    release_archive(
+        tmp_path / "release.tar.gz",
+        np.zeros((5, 32, 32, 3), np.uint8),
+        [0] * 5,
+        np.zeros((1, 32, 32, 3), np.uint8),
+        [0],
+        ["cat"],
+    )
+    canary = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {canary}",)
+
+    with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as file:
+        pickle.dump({b"data": Payload()}, file, protocol=2)
+    with tarfile.open(tmp_path / "hostile.tar.gz", "w:gz") as archive:
+        archive.add(tmp_path / "cifar-10-batches-py", "cifar-10-batches-py")
+    with pytest.raises(ValueError, match="test_batch is not a CIFAR-10 batch: a CIFAR-10 batch names no posix.system"):
+        data_folder.extract(str(tmp_path / "hostile.tar.gz"), str(tmp_path / "out"))
+    assert not canary.exists() and not (tmp_path / "out").exists() and not (tmp_path / "out.done").exists()
 
 
 @pytest.mark.parametrize(
@@ -74,7 +175,8 @@ def test_an_extraction_stopped_midway_is_made_again(tmp_path):
         (
             lambda tmp_path: str(tmp_path / "missing.tar.xz"),
             "No archive at {tmp}/missing.tar.xz: an archive of an image "
-            "folder (DIR/train/<class>/<image> and DIR/test/<class>/<image>, one folder per class) is expected.",
+            "folder (DIR/train/<class>/<image> and DIR/test/<class>/<image>, one folder per class) or CIFAR-10's "
+            "cifar-10-python.tar.gz is expected.",
         ),
         (
             lambda tmp_path: (tmp_path / "notes.txt").write_text("not an archive") and str(tmp_path / "notes.txt"),
@@ -83,7 +185,7 @@ def test_an_extraction_stopped_midway_is_made_again(tmp_path):
         (
             lambda tmp_path: archive_of(sample_folder(tmp_path / "source") / "train", tmp_path / "train-only.zip"),
             "{tmp}/train-only.zip holds no image folder (DIR/train/<class>/<image> and DIR/test/<class>/<image>, one "
-            "folder per class) at its top or in its one top folder.",
+            "folder per class) and no CIFAR-10 release (cifar-10-batches-py/) at its top or in its one top folder.",
         ),
     ],
     ids=["missing", "not an archive", "no train and test"],
@@ -120,7 +222,7 @@ def test_commands_refuse_a_missing_image_folder_before_loading_tensorflow(tmp_pa
     assert result.stderr == (
         "error: dataset=folder needs --data-dir to be an image folder (DIR/train/<class>/<image> and "
         "DIR/test/<class>/<image>, one folder per class; `keras-preact data ARCHIVE` makes "
-        f"{data_folder.CIFAR10_FOLDER} from an archive of one, docs/training.md#data). "
+        f"{data_folder.CIFAR10_FOLDER} from an archive of one or from cifar-10-python.tar.gz, docs/training.md#data). "
         f"Received: data_dir={str(tmp_path / 'nowhere')!r}\n"
     )
 

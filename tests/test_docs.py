@@ -8,6 +8,7 @@ repository's root (where `docs/cifar10/` is), with only the values on lines mark
 loads the zoo's CIFAR-10 weights is skipped, with the reason, while none are shipped.
 """
 
+import json
 import os
 import re
 import shutil
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.tensorflow
 def substitutions(tmp_path):
     """{text on a `# yours` line: what the test runs instead}."""
     return {
-        '"cifar10-jpeg/train"': repr(str(sample_folder(tmp_path))),
+        '"cifar10-png/train"': repr(str(sample_folder(tmp_path))),
         "epochs=200": "epochs=1",
         "epochs=60": "epochs=1",
         '"saved_models/my_resnet20"': repr(str(tmp_path / "saved_models" / "my_resnet20")),
@@ -175,11 +176,11 @@ def test_landing_a_zoo_run_draws_its_curves_from_its_log_titled_with_the_data_fo
     monkeypatch.setattr(
         land_zoo_run.plots, "training_curves", lambda *arguments, **options: drawn.append((arguments, options))
     )
-    run_dir = os.path.join(DOCS, "runs", "zoo-resnet20")
-    land_zoo_run.draw_curves(run_dir, "resnet20", str(tmp_path / "curves.png"))
-    assert drawn == [
-        ((os.path.join(run_dir, "log.csv"), str(tmp_path / "curves.png")), {"title": "resnet20 on cifar10-jpeg"})
-    ]
+    run_dir = tmp_path / "zoo-resnet20"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"dataset": "folder", "data_dir": "/home/user/.cache/cifar10-png"}))
+    land_zoo_run.draw_curves(str(run_dir), "resnet20", str(tmp_path / "curves.png"))
+    assert drawn == [((str(run_dir / "log.csv"), str(tmp_path / "curves.png")), {"title": "resnet20 on cifar10-png"})]
 
 
 def mkdocs_build(folder, site):

@@ -5,6 +5,7 @@ read, and a run the playbook packs, starts, stops, bundles and lands, then resum
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 import time
@@ -29,7 +30,7 @@ def test_the_queue_is_read_in_order():
     cpu = [name for name, _ in playbook.queue("cpu")]
     assert gpu == [fields[0].strip() for fields in lines if "gpu" in fields[1].split()]
     assert cpu == [fields[0].strip() for fields in lines if "cpu" in fields[1].split()]
-    assert cpu == [name for name in gpu if name.startswith("zoo-")]
+    assert set(cpu) <= set(gpu)
     assert dict(playbook.queue("gpu"))["paper-resnet164"] == [
         "--config",
         "cifar10_paper",
@@ -53,10 +54,76 @@ def test_the_cpu_queue_runs_its_entries_in_order(tmp_path):
     subprocess.run([os.path.join(ROOT, "scripts", "zoo_queue.sh")], env=environment, check=True, timeout=60)
     calls = (tmp_path / "runs" / "calls").read_text().splitlines()
     expected = [
-        f"-m keras_preact_training train {' '.join(arguments)} --data-dir /data --run-dir {tmp_path / 'runs' / name}"
+        f"-m keras_preact_training train {' '.join(arguments)}"
+        + ("" if "--data-dir" in arguments else " --data-dir /data")  # a run's own data folder kept
+        + f" --run-dir {tmp_path / 'runs' / name}"
         for name, arguments in playbook.queue("cpu")[1:]
     ]
     assert calls == expected
+
+
+def test_the_cpu_queue_reads_its_file_again_after_each_run_and_keeps_a_runs_own_data(tmp_path):
+    """A run added to queue.txt while another trains is taken next without a restart; a run
+    whose arguments name --data-dir reads that folder, not the queue's."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(os.path.join(ROOT, "scripts", "zoo_queue.sh"), tmp_path / "scripts")
+    queue = tmp_path / "scripts" / "queue.txt"
+    queue.write_text("# a comment\nfirst | cpu gpu | --config a\nelsewhere | gpu | --config b\n")
+    recorder = tmp_path / "python"
+    recorder.write_text(
+        '#!/bin/sh\necho "$@" >> "$RUNS/calls"\nfor last; do :; done\necho {} > "$last/summary.json"\n'
+        f'grep -q second {queue} || echo "second | cpu | --config c --data-dir /other" >> {queue}\n'
+    )
+    recorder.chmod(0o755)
+    environment = dict(os.environ, RUNS=str(tmp_path / "runs"), DATA="/data", PYTHON=str(recorder))
+    subprocess.run([str(tmp_path / "scripts" / "zoo_queue.sh")], env=environment, check=True, timeout=60)
+    assert (tmp_path / "runs" / "calls").read_text().splitlines() == [
+        f"-m keras_preact_training train --config a --data-dir /data --run-dir {tmp_path / 'runs' / 'first'}",
+        f"-m keras_preact_training train --config c --data-dir /other --run-dir {tmp_path / 'runs' / 'second'}",
+    ]
+
+
+def test_the_archive_travels_in_parts_each_kept_and_is_joined_once_checked(tmp_path):
+    """The CIFAR-10 archive cut into parts of a call each; each part received by a call of its
+    own (the working tree replaced between calls); joined, checked and extracted by `start`."""
+    images = tmp_path / "source" / playbook.DATA_FOLDER
+    for split in ("train", "test"):
+        (images / split / "cat").mkdir(parents=True)
+        (images / split / "cat" / "0000.png").write_bytes(np.random.default_rng(0).bytes(3000))
+    archive = tmp_path / "cifar10-png.tar.xz"
+    with tarfile.open(archive, "w:xz") as opened:
+        opened.add(images, playbook.DATA_FOLDER)
+    pack, parts, device = tmp_path / "pack", tmp_path / "tree" / ".gpu-data", tmp_path / "device"
+    pack.mkdir()
+    playbook.cut(str(archive), str(parts), 1000, str(pack))
+    manifest = json.loads((pack / "data.json").read_text())
+    assert manifest["parts"] == [f"part-{number}" for number in range(1, len(manifest["parts"]) + 1)]
+    assert len(manifest["parts"]) == -(-archive.stat().st_size // 1000) >= 3
+    assert b"".join((parts / name).read_bytes() for name in manifest["parts"]) == archive.read_bytes()
+    carried = {name: (parts / name).read_bytes() for name in manifest["parts"]}
+    with pytest.raises(SystemExit, match=r"parts \['part-1', 'part-2'"):
+        playbook.assemble(str(device), str(pack))
+    for name, content in carried.items():  # one call each: the tree holds that part alone
+        shutil.rmtree(parts)
+        parts.mkdir()
+        (parts / name).write_bytes(content)
+        playbook.receive(str(device), str(parts))
+    folder = playbook.assemble(str(device), str(pack))
+    assert folder == str(device / playbook.DATA_FOLDER)
+    assert (device / playbook.DATA_FOLDER / "test" / "cat" / "0000.png").read_bytes() == (
+        images / "test" / "cat" / "0000.png"
+    ).read_bytes()
+    assert sorted(os.listdir(device)) == [playbook.DATA_FOLDER]  # the parts and the joined archive gone
+    assert playbook.assemble(str(device), str(pack)) == folder  # once a machine
+
+    shutil.rmtree(device / playbook.DATA_FOLDER)
+    for name, content in carried.items():
+        (device / "parts").mkdir(exist_ok=True)
+        (device / "parts" / name).write_bytes(content[::-1] if name == "part-2" else content)
+    with pytest.raises(
+        SystemExit, match="error: the joined cifar10-png.tar.xz has SHA-256 .*, not " + manifest["sha256"]
+    ):
+        playbook.assemble(str(device), str(pack))
 
 
 ENVIRONMENT = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")

@@ -192,10 +192,22 @@ def test_every_shipped_file_matches_its_registry_entry():
 
 
 @pytest.mark.tensorflow
+def test_the_zoo_table_says_what_each_network_trained_on():
+    """A network trained on the JPEG copy says so, with its errors on that copy's test images
+    beside the table's, which are on the original ones."""
+    from keras_preact_training import zoo
+
+    assert zoo.trained_on({"test_error": 0.1137}) == "original images"
+    assert zoo.trained_on({"test_error": 0.1137, "jpeg_test_error": 0.1225, "jpeg_flip_test_error": 0.109}) == (
+        "JPEG copy (its test JPEGs: 12.25 / 10.90)"
+    )
+
+
+@pytest.mark.tensorflow
 def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
     from keras_preact_training import zoo
 
-    def entry(test_error, flip_test_error, **config):
+    def entry(test_error, flip_test_error, data="CIFAR-10", **config):
         recipe = dict(
             duration=30,
             schedule_unit="epochs",
@@ -204,7 +216,13 @@ def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
             scan_units=None,
             checkpoint_every=390,
         )
-        return dict(test_error=test_error, flip_test_error=flip_test_error, parameters=1, config=dict(recipe, **config))
+        return dict(
+            test_error=test_error,
+            flip_test_error=flip_test_error,
+            parameters=1,
+            data=data,
+            config=dict(recipe, **config),
+        )
 
     registry = {
         "cifar10": {
@@ -219,6 +237,11 @@ def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
     }
     assert zoo.unit_comparison_table(registry).splitlines()[2:] == [
         "| resnet20 | 10.34 | 10.12 | +0.22 | 9.67 / 9.51 | 8.75 (He 2015) / none | 30 epochs, cosine |"
+    ]
+    # The same recipe on other data (the JPEG copy): not compared.
+    jpeg = dict(registry["cifar10"], resnet20_original=entry(0.1034, 0.0967, "JPEGs", model="resnet20_original"))
+    assert zoo.unit_comparison_table({"cifar10": jpeg}).splitlines()[2:] == [
+        "| none yet: no depth is shipped with both units trained by one recipe | | | | | | |"
     ]
     # No pair: a row says so, rather than a table of headers alone.
     unpaired = {"cifar10": {name: registry["cifar10"][name] for name in ("resnet20", "resnet56_original")}}
@@ -240,7 +263,7 @@ def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
 
 @pytest.fixture
 def small_cifar(cifar_folder, tmp_path):
-    """10 test and 5 training images per class of the CIFAR-10 JPEGs, linked."""
+    """10 test and 5 training images per class of CIFAR-10 (its PNG folders), linked."""
     root = tmp_path / "small"
     for split, count in (("test", 10), ("train", 5)):
         for name in pretrained.CIFAR10_CLASSES:
@@ -250,13 +273,13 @@ def small_cifar(cifar_folder, tmp_path):
     return root
 
 
-def decoded_jpegs(folder):
-    """(pixels, labels) of the JPEGs of `folder`/<class>/, in the order of their paths, decoded as in training."""
+def decoded_images(folder):
+    """(pixels, labels) of the images of `folder`/<class>/, in the order of their paths, decoded as in training."""
     import tensorflow as tf
 
     from keras_preact_training import input_tensorflow
 
-    paths = sorted(folder.glob("*/*.jpg"))
+    paths = sorted(folder.glob("*/*.png"))
     pixels = np.stack([np.array(input_tensorflow.decode_image(tf.io.read_file(str(file)), 3)) for file in paths])
     return pixels, np.array([pretrained.CIFAR10_CLASSES.index(file.parent.name) for file in paths])
 
@@ -266,7 +289,7 @@ def test_evaluate_gives_the_error_and_per_class_accuracy_of_the_model(shipped, s
     from keras_preact_training import cli, evaluate
 
     trained, path = shipped
-    pixels, labels = decoded_jpegs(small_cifar / "test")
+    pixels, labels = decoded_images(small_cifar / "test")
     predicted = np.argmax(keras.ops.convert_to_numpy(trained(keras_preact.preprocess_input(pixels))), axis=-1)
     for weights in ("cifar10", str(path)):
         result = evaluate.evaluate("resnet20", weights, data_dir=str(small_cifar), batch_size=7)
@@ -282,13 +305,13 @@ def test_evaluate_gives_the_error_and_per_class_accuracy_of_the_model(shipped, s
 
 @pytest.mark.tensorflow
 def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_cifar, capsys):
-    """The shipped ResNet-20 on 100 test JPEGs: the flip's error from the mean of each image's
+    """The shipped ResNet-20 on 100 test images: the flip's error from the mean of each image's
     and its mirror's probabilities (which changes some answers here), the single-crop
     error beside it unchanged."""
     from keras_preact_training import cli, evaluate
 
     network = keras_preact.ResNet20(weights="cifar10", include_preprocessing=True)
-    pixels, labels = decoded_jpegs(small_cifar / "test")
+    pixels, labels = decoded_images(small_cifar / "test")
     probabilities = keras.ops.convert_to_numpy(network(pixels.astype("float32")))
     mirrored = keras.ops.convert_to_numpy(network(pixels[:, :, ::-1].astype("float32")))
     predicted, flipped = np.argmax(probabilities, axis=-1), np.argmax(probabilities + mirrored, axis=-1)
@@ -305,12 +328,12 @@ def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_c
 
 @pytest.mark.tensorflow
 def test_evaluate_split_train_measures_the_training_images(small_cifar, capsys):
-    """How well the network fits what it learned from: the 50 training JPEGs of the small
+    """How well the network fits what it learned from: the 50 training images of the small
     folder, not its 100 test ones, in inference mode."""
     from keras_preact_training import cli, evaluate
 
     network = keras_preact.ResNet20(weights="cifar10", include_preprocessing=True)
-    pixels, labels = decoded_jpegs(small_cifar / "train")
+    pixels, labels = decoded_images(small_cifar / "train")
     predicted = np.argmax(keras.ops.convert_to_numpy(network(pixels.astype("float32"))), axis=-1)
     result = evaluate.evaluate("resnet20", "cifar10", data_dir=str(small_cifar), batch_size=7, split="train")
     assert result["split"] == "train" and result["images"] == 50
@@ -341,7 +364,7 @@ def test_evaluate_computes_in_the_precision_asked_and_leaves_keras_policy_alone(
         "resnet20", "cifar10", data_dir=str(small_cifar), batch_size=7, precision="mixed_bfloat16"
     )
     assert built[-1].dtype_policy.name == "mixed_bfloat16" and keras.config.dtype_policy().name == "float32"
-    pixels, labels = decoded_jpegs(small_cifar / "test")
+    pixels, labels = decoded_images(small_cifar / "test")
     logits = keras.ops.convert_to_numpy(built[-1](pixels.astype("float32"))).astype("float32")
     float32_logits = keras.ops.convert_to_numpy(
         keras_preact.ResNet20(weights="cifar10", include_preprocessing=True, classifier_activation=None)(
@@ -447,7 +470,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     assert pretrained.registry()["cifar10"]["resnet20"] == entry
     assert zoo.markdown_table().splitlines()[2] == (
         f"| resnet20 | pre-activation | 0.27M | **{100 * entry['test_error']:.2f}** | "
-        f"{100 * entry['flip_test_error']:.2f} | 8.75 (He 2015, original) | 8.27 | "
+        f"{100 * entry['flip_test_error']:.2f} | original images | 8.75 (He 2015, original) | 8.27 | "
         f"7.4 | {entry['training_hours']:.1f} | {entry['hours_alone']:.2f} (0.05) | `keras-preact train --config cifar10_cpu --model resnet20 --set "
         f"batch_size=10 --set duration=1 --set warmup=0` (1 epochs, step) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |"
     )
@@ -572,7 +595,7 @@ def registry_check(name):
 @pytest.mark.parametrize("name", [registry_check(name) for name in SHIPPED] or [NOTHING_SHIPPED])
 def test_shipped_network_gives_its_registry_error_on_the_cifar10_test_set(cifar_folder, name):
     """The accuracy the registry states, single crop and with the test-time flip, measured
-    again on all 10,000 CIFAR-10 test JPEGs, on whichever backend runs the tests (networks
+    again on all 10,000 CIFAR-10 test images (original pixels), on whichever backend runs the tests (networks
     deeper than DEEPEST_ON_EVERY_BACKEND on TensorFlow)."""
     from keras_preact_training import evaluate
 
@@ -585,13 +608,13 @@ def test_shipped_network_gives_its_registry_error_on_the_cifar10_test_set(cifar_
 
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("name", SHIPPED[:1] or [NOTHING_SHIPPED])
-def test_exported_shipped_network_classifies_real_jpegs_as_keras(cifar_folder, tmp_path, name):
+def test_exported_shipped_network_classifies_real_images_as_keras(cifar_folder, tmp_path, name):
     import tensorflow as tf
 
     from keras_preact_training import export, input_tensorflow
 
     paths = [
-        os.path.join(cifar_folder, "test", label, f"{index:04d}.jpg")
+        os.path.join(cifar_folder, "test", label, f"{index:04d}.png")
         for label in pretrained.CIFAR10_CLASSES
         for index in range(10)
     ]

@@ -1,5 +1,5 @@
 """`export --quantize float16 int8`: the shipped ResNet-20 in every precision, calibrated on
-CIFAR-10 training JPEGs, against the network on test JPEGs; int8 ONNX served by onnxruntime
+CIFAR-10 training images, against the network on test images; int8 ONNX served by onnxruntime
 (`serve --precision int8`) with the checks of every served file; the errors of each input."""
 
 import base64
@@ -40,7 +40,7 @@ def first_files(folder, per_class):
 
 @pytest.fixture(scope="module")
 def quantized(cifar_folder, tmp_path_factory):
-    """The shipped ResNet-20 as ONNX and LiteRT in every precision, calibrated on 200 training JPEGs."""
+    """The shipped ResNet-20 as ONNX and LiteRT in every precision, calibrated on 200 training images."""
     output = tmp_path_factory.mktemp("quantized")
     return export.export_shipped(
         "resnet20",
@@ -53,8 +53,8 @@ def quantized(cifar_folder, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def test_jpegs(cifar_folder):
-    """(the encoded bytes, their pixels as training decodes them, labels) of 1,000 test JPEGs."""
+def test_images(cifar_folder):
+    """(the encoded bytes, their pixels as training decodes them, labels) of 1,000 test images."""
     files = first_files(os.path.join(cifar_folder, "test"), TEST_PER_CLASS)
     encoded = [open(file, "rb").read() for file in files]
     pixels = np.stack([input_tensorflow.decode_image(image, 3).numpy() for image in encoded])
@@ -90,12 +90,12 @@ def test_every_precision_is_recorded_with_its_file_and_hash(quantized):
     assert onnx_sizes[1] / onnx_sizes[0] < 0.4
 
 
-def test_each_precision_answers_as_the_network_on_cifar_test_jpegs(quantized, test_jpegs):
-    """On 1,000 test JPEGs the float32 models give the network's probabilities to float32
+def test_each_precision_answers_as_the_network_on_cifar_test_images(quantized, test_images):
+    """On 1,000 test images the float32 models give the network's probabilities to float32
     rounding; float16 weights move them by at most 1e-2 (5.5e-3 measured on the 10,000) and
     change no class but a rare tie; int8 changes about 1 % of the classes and not the error
-    (measured on the 10,000 test JPEGs: docs/benchmarks.md)."""
-    _, pixels, labels = test_jpegs
+    (measured on the 10,000 test images: docs/benchmarks.md)."""
+    _, pixels, labels = test_images
     network = keras_preact.get_model("resnet20", weights="cifar10", include_preprocessing=True)
     expected = network.predict(pixels, verbose=0)
     metadata = contract.read_metadata(quantized)
@@ -128,8 +128,8 @@ def predictions(model, encoded):
     return model.predict(body)["predictions"]
 
 
-def test_onnxruntime_serves_the_int8_models_when_asked(quantized, test_jpegs):
-    encoded = test_jpegs[0][::10]  # 100 JPEGs, 10 a class
+def test_onnxruntime_serves_the_int8_models_when_asked(quantized, test_images):
+    encoded = test_images[0][::10]  # 100 images, 10 a class
     directory = os.path.dirname(quantized)
     servers = {
         precision: ModelServer(directory, max_batch=100, runtime="onnxruntime", precision=precision)

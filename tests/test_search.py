@@ -308,7 +308,7 @@ def test_substituted_models_make_one_column_per_network():
 
 
 def test_tiny_ablation_runs_end_to_end_and_resumes(cifar_folder, tmp_path):
-    """Table 3 on CIFAR-10 JPEGs, ResNet-20 in place of the paper's nets, 2 seeds, 6 steps each."""
+    """Table 3 on CIFAR-10 images, ResNet-20 in place of the paper's nets, 2 seeds, 6 steps each."""
     output = str(tmp_path / "ablate")
     arguments = [
         "ablate",

@@ -106,21 +106,21 @@ def assert_same_answers(received, expected):
         np.testing.assert_allclose(onnx["scores"], saved_model["scores"], atol=PROBABILITY_TOLERANCE)
 
 
-def test_onnxruntime_answers_cifar_jpegs_and_odd_sized_images_as_tensorflow_does(exported, cifar_folder):
-    """100 CIFAR-10 test JPEGs (10 a class) and the battery of formats at odd sizes: the
+def test_onnxruntime_answers_cifar_images_and_odd_sized_images_as_tensorflow_does(exported, cifar_folder):
+    """100 CIFAR-10 test images (10 a class) and the battery of formats at odd sizes: the
     same classes, probabilities within 1e-4."""
     files = [
         os.path.join(cifar_folder, "test", name, file)
         for name in CIFAR_CLASSES
         for file in sorted(os.listdir(os.path.join(cifar_folder, "test", name)))[:10]
     ]
-    jpegs = []
+    cifar = []
     for file in files:
         with open(file, "rb") as image:
-            jpegs.append(image.read())
+            cifar.append(image.read())
     odd = list(image_battery(seed=1).values())
     servers = {runtime: ModelServer(str(exported), runtime=runtime) for runtime in ("tensorflow", "onnxruntime")}
-    for batch in [jpegs[:50], jpegs[50:], odd]:
+    for batch in [cifar[:50], cifar[50:], odd]:
         assert_same_answers(predictions(servers["onnxruntime"], batch), predictions(servers["tensorflow"], batch))
 
 

@@ -103,8 +103,9 @@ def test_both_pipelines_give_the_same_digits_batches():
 
 
 def folder_with_other_sizes(source, root):
-    """A folder of 12 CIFAR-10 JPEGs a class from `source`, two of each class's training images
-    re-encoded at other sizes (48 x 40, 20 x 24) and one as PNG: what the pipelines resize."""
+    """A folder of 12 CIFAR-10 images a class from `source` (PNG files), two of each class's
+    training images re-encoded as JPEGs at other sizes (48 x 40, 20 x 24) and one as a JPEG of
+    its own size: what the pipelines decode and resize."""
     from PIL import Image
 
     for split, count in (("train", 12), ("test", 4)):
@@ -114,12 +115,10 @@ def folder_with_other_sizes(source, root):
             for index, file in enumerate(files):
                 target = root / split / name / file
                 shutil.copy(os.path.join(source, split, name, file), target)
-                if split == "train" and index < 2:
+                if split == "train" and index < 3:
                     with Image.open(target) as image:
-                        image.resize(((48, 40), (20, 24))[index]).save(target, quality=90)
-                if split == "train" and index == 2:
-                    with Image.open(target) as image:
-                        image.save(target.with_suffix(".png"))
+                        resized = image.resize(((48, 40), (20, 24), image.size)[index])
+                    resized.save(target.with_suffix(".jpg"), quality=(90, 90, 75)[index])
                     target.unlink()
     return root
 
@@ -343,7 +342,7 @@ def small_cifar_folder(source, root, per_class):
 @pytest.mark.commands
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_evaluate_without_tensorflow_gives_tensorflows_answer(cifar_folder, tmp_path, backend):
-    """`keras-preact evaluate` of the zoo's ResNet-20 on 100 test JPEGs: the same errors and
+    """`keras-preact evaluate` of the zoo's ResNet-20 on 100 test images: the same errors and
     per-class accuracies as under TensorFlow, which decodes them with tf.data."""
     root = str(small_cifar_folder(cifar_folder, tmp_path / "cifar", 10))
     arguments = ["--model", "resnet20", "--weights", "cifar10", "--data-dir", root, "--flip"]

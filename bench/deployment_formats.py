@@ -1,12 +1,12 @@
 """Every deployment format of every shipped network: test error, file size and speed.
 
-    python bench/deployment_formats.py --data-dir ~/.cache/keras-preact/cifar10-jpeg
+    python bench/deployment_formats.py --data-dir ~/.cache/keras-preact/cifar10-png
     python bench/deployment_formats.py --data-dir ... --models resnet20 --seconds 1
 
 Exports each shipped CIFAR-10 network (`keras_preact.pretrained`) with `export --format all
 --quantize float16 int8`, calibrated on the first `--calibration-per-class` training images
 of each class (300 by default), then runs the six files on the same decoded pixels of the
-10,000 test JPEGs (`predict_pixels`: uint8 in, probabilities out): the SavedModel under
+10,000 test images (`predict_pixels`: uint8 in, probabilities out): the SavedModel under
 TensorFlow, the float32 and int8 ONNX models under onnxruntime, and the float32, float16
 and int8 LiteRT models under LiteRT's interpreter (`keras_preact_training.litert`). For each:
 the single-crop test error, the file's size (the SavedModel: saved_model.pb and its
@@ -57,7 +57,7 @@ def dot_product_instructions():
 
 
 def test_set(data_dir):
-    """uint8 pixels [10000, 32, 32, 3] of the test JPEGs, decoded as training, evaluation and
+    """uint8 pixels [10000, 32, 32, 3] of the test images, decoded as training, evaluation and
     serving decode them (`input_tensorflow.decode_image`), and their labels."""
     import tensorflow as tf
 

@@ -1,8 +1,8 @@
-"""The input pipelines alone on CIFAR-10 JPEGs: images per second of training batches, with
+"""The input pipelines alone on CIFAR-10 image folders: images per second of training batches, with
 nothing else running, for the NumPy pipeline (in memory, and decoding files batch by batch)
 and tf.data's.
 
-    python bench/input_pipeline.py --data-dir ~/.cache/keras-preact/cifar10-jpeg
+    python bench/input_pipeline.py --data-dir ~/.cache/keras-preact/cifar10-png
     python bench/input_pipeline.py --data-dir DIR --pipelines numpy   # without TensorFlow
 
 Prints the machine, then for each pipeline the seconds to prepare the 50,000 training images

@@ -1,6 +1,6 @@
 """Does mixed_bfloat16 cost accuracy? The zoo's recipe trained in float32 and in bfloat16.
 
-    KERAS_BACKEND=jax python bench/precision_accuracy.py --data-dir ~/.cache/keras-preact/cifar10-jpeg \\
+    KERAS_BACKEND=jax python bench/precision_accuracy.py --data-dir ~/.cache/keras-preact/cifar10-png \\
         --precision mixed_bfloat16 --seed 1 --output runs.jsonl
 
 One run of `--model` (pre-activation ResNet-20) with the zoo's recipe (config `cifar10_cpu`,

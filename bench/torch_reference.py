@@ -1,5 +1,5 @@
 """An independent reference for the zoo's accuracy: He et al. 2015's ResNet-20 in PyTorch,
-trained on the same CIFAR-10 JPEGs with the same recipe.
+trained on the same CIFAR-10 images with the same recipe.
 
     python bench/torch_reference.py --arrays cifar10.npz --epochs 30 --seed 1
 

@@ -1,11 +1,11 @@
-"""Training and input-pipeline throughput on CIFAR-10 JPEGs: is the pipeline ever the bottleneck?
+"""Training and input-pipeline throughput on CIFAR-10 image folders: is the pipeline ever the bottleneck?
 
-    python bench/training_throughput.py --data-dir ~/.cache/keras-preact/cifar10-jpeg \\
+    python bench/training_throughput.py --data-dir ~/.cache/keras-preact/cifar10-png \\
         --models resnet20 resnet110 resnet164
-    python bench/training_throughput.py --data-dir ~/.cache/keras-preact/cifar10-jpeg \\
+    python bench/training_throughput.py --data-dir ~/.cache/keras-preact/cifar10-png \\
         --config cifar10_zoo --models resnet56 --window 20   # a zoo row's rate alone
 
-Prints the machine, then images per second of (a) the input pipeline alone (JPEG
+Prints the machine, then images per second of (a) the input pipeline alone (image
 decoding, shuffling, batching, as training reads it) and (b) training each model with
 `--config`'s recipe (the paper's by default; its optimizer, precision and augmentation,
 run for a few steps) at batch 128 (`keras-preact`'s loop, on Keras' backend:

@@ -7,7 +7,7 @@
     KERAS_BACKEND=jax keras-preact train --config cifar10_zoo --data-dir DIR   # on JAX, one device
     KERAS_BACKEND=torch keras-preact train --config cifar10_zoo --data-dir DIR # on PyTorch; no TensorFlow needed
     keras-preact configs                                    # the configs and their fields
-    keras-preact data cifar10-jpeg.tar.xz                   # the CIFAR-10 image folder, from an archive
+    keras-preact data cifar-10-python.tar.gz                # the CIFAR-10 image folder, from the official file
     keras-preact evaluate --model resnet20 --weights cifar10  # test error, per class, on that folder
     keras-preact zoo                                        # the shipped networks and their errors
     keras-preact zoo --units                                # original against pre-activation units
@@ -177,11 +177,15 @@ def parser():
     data_parser = command(
         "data",
         help="make the CIFAR-10 image folder that evaluate and the docs' commands read, from an archive",
-        description="Extract an archive of an image folder (train/<class>/<image> and test/<class>/<image>; "
-        "CIFAR-10 as JPEGs, as the zoo trained on) into the folder that `keras-preact evaluate` reads by default "
-        f"({data_folder.CIFAR10_FOLDER}), or into --data-dir; once: a folder already made is left as it is.",
+        description="Make the image folder (train/<class>/<image> and test/<class>/<image>) that `keras-preact "
+        f"evaluate` reads by default ({data_folder.CIFAR10_FOLDER}), or --data-dir, from CIFAR-10's release for "
+        "Python (cifar-10-python.tar.gz, as keras.datasets downloads it: its images become PNG files, the zoo's "
+        "data) or from an archive of an image folder; once: a folder already made is left as it is, and a folder "
+        "that it did not make is never touched.",
     )
-    data_parser.add_argument("archive", help="a .tar, .tar.gz, .tar.xz or .zip of the image folder")
+    data_parser.add_argument(
+        "archive", help="cifar-10-python.tar.gz, or a .tar, .tar.gz, .tar.xz or .zip of an image folder"
+    )
     data_parser.add_argument(
         "--data-dir",
         default=data_folder.CIFAR10_FOLDER,

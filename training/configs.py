@@ -336,7 +336,7 @@ def parse_value(text, kind, name, optional=False):
     return text
 
 
-# The paper's CIFAR-10 recipe for CIFAR-10 as JPEG folders on a CPU: 30 epochs, the rate /10
+# The paper's CIFAR-10 recipe for CIFAR-10 image folders on a CPU: 30 epochs, the rate /10
 # at half and three quarters of them as the paper's 32k and 48k of 64k iterations.
 CIFAR10_CPU = Config(
     model="resnet20",
@@ -430,13 +430,11 @@ NAMED_CONFIGS = {
     ),
     "cifar10_cpu": NamedConfig(
         CIFAR10_CPU,
-        purpose="The zoo's recipe on a CPU (keras_preact/weights): the paper's CIFAR-10 recipe on CIFAR-10 as JPEG "
-        "folders, lr 0.1 after a first epoch at 0.01, the schedule shortened to 30 epochs (the paper: 164), "
-        "/10 at half and three quarters of it as the paper's 32k and 48k of 64k; the zoo trains it with "
-        "--set schedule=cosine, chosen on a validation split (docs/zoo.md).",
+        purpose="The paper's CIFAR-10 recipe shortened for a CPU, on CIFAR-10 image folders: lr 0.1 after a first "
+        "epoch at 0.01, 30 epochs (the paper: 164), /10 at half and three quarters of them as the paper's 32k and "
+        "48k of 64k iterations; the base of the zoo's recipe, cifar10_zoo (docs/zoo.md).",
         paper="He et al. 2015, Table 6 (164 epochs): ResNet-20 8.75 %, ResNet-56 6.97 % test error.",
-        command="keras-preact train --config cifar10_cpu --model resnet20 --set schedule=cosine "
-        "--data-dir ~/.cache/keras-preact/cifar10-jpeg",
+        command="keras-preact train --config cifar10_cpu --model resnet20 --data-dir ~/.cache/keras-preact/cifar10-png",
     ),
     # The zoo's recipe, chosen on a validation split for the lowest error per CPU-hour
     # (docs/zoo.md): cifar10_cpu with the search's choices, twice as long.

@@ -151,7 +151,7 @@ def input_pipeline(config):
 
 
 def folder_name(data_dir):
-    """A data folder as a user names it: its own name ("cifar10-jpeg"), not the machine's path to it."""
+    """A data folder as a user names it: its own name ("cifar10-png"), not the machine's path to it."""
     return os.path.basename(os.path.normpath(data_dir))
 
 

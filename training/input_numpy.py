@@ -9,7 +9,7 @@ TensorFlow's bilinear resize (`serving.images.resize_bilinear`). Augmentation is
 it is the training model's first layers (`recipe.preprocessing`), the same on every path.
 
 An image folder is decoded once, when it is prepared, into an array in memory (CIFAR-10's
-60,000 JPEGs: 184 MB as uint8; times in docs/benchmarks.md), and batches are gathered from it;
+60,000 images: 184 MB as uint8; times in docs/benchmarks.md), and batches are gathered from it;
 a folder whose pixels would pass MEMORY_LIMIT_BYTES stays files, decoded batch by batch on DECODING_THREADS threads
 (Pillow decodes outside Python's global lock).
 """

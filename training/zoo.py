@@ -192,7 +192,7 @@ DATA_DESCRIPTION = (
 
 
 def user_data_dir(data_dir):
-    """A data directory as a user names it: the folder's own name ("cifar10-jpeg"), without
+    """A data directory as a user names it: the folder's own name ("cifar10-png"), without
     the machine's path to it; None stays None (tensorflow-datasets' default)."""
     return None if data_dir is None else data.folder_name(data_dir)
 
@@ -236,7 +236,7 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
         run_dir: a finished run of `keras-preact train` on CIFAR-10 (all 50,000
             training images, tested on the test set).
         name: the network's name in `keras_preact.list_models()` ("resnet20", "resnet20_original", ...).
-        data_dir: the run's data directory (CIFAR-10 JPEG folders or tensorflow-datasets'),
+        data_dir: the run's data directory (CIFAR-10 image folders or tensorflow-datasets'),
             for the evaluation of the shipped file; the run's own by default.
         weights_directory, registry_file: where the files go (the package's by default).
         images_per_second: the network's training rate measured alone on the machine that

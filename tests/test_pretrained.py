@@ -457,6 +457,10 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     assert entry["file"] == shipped.name and entry["sha256"] == pretrained.sha256(shipped)
     assert entry["bytes"] == shipped.stat().st_size and entry["parameters"] == 269_722
     assert abs(entry["test_error"] - summary["test_error"]) <= zoo.AGREEMENT
+    training_set = evaluate.evaluate(
+        "resnet20", str(tmp_path / "weights" / entry["file"]), data_dir=str(small_cifar), split="train"
+    )
+    assert entry["train_error"] == round(training_set["error"], 6) and training_set["images"] == 50
     # The command as a user types it: the data folder by its name, no run folder of this machine.
     assert entry["command"] == (
         f"keras-preact train --config cifar10_cpu --model resnet20 --data-dir "
@@ -470,7 +474,8 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     assert pretrained.registry()["cifar10"]["resnet20"] == entry
     assert zoo.markdown_table().splitlines()[2] == (
         f"| resnet20 | pre-activation | 0.27M | **{100 * entry['test_error']:.2f}** | "
-        f"{100 * entry['flip_test_error']:.2f} | original images | 8.75 (He 2015, original) | 8.27 | "
+        f"{100 * entry['flip_test_error']:.2f} | {100 * entry['train_error']:.2f} | original images | "
+        f"8.75 (He 2015, original) | 8.27 | "
         f"7.4 | {entry['training_hours']:.1f} | {entry['hours_alone']:.2f} (0.05) | `keras-preact train --config cifar10_cpu --model resnet20 --set "
         f"batch_size=10 --set duration=1 --set warmup=0` (1 epochs, step) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |"
     )
@@ -506,7 +511,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     summary["test_error"] = bfloat16_error
     (run_dir / "summary.json").write_text(json.dumps(summary))
     assert zoo.publish(str(run_dir), "resnet20")["test_error"] == entry["test_error"]
-    assert precisions[2:] == ["float32", "mixed_bfloat16"]
+    assert precisions[2:] == ["float32", "mixed_bfloat16", "float32"]  # the training set's last
 
     summary["config"]["validation_examples"] = 500
     (run_dir / "summary.json").write_text(json.dumps(summary))

@@ -4,7 +4,8 @@ Writes the run's network as `keras_preact/weights/cifar10_<name>.weights.h5` (un
 separate layers, whatever layout it trained in) and its entry in the registry
 (`keras_preact/weights/registry.json`): the file's SHA-256 and size, the network, its
 test error as `keras-preact evaluate` measures it on the shipped file (which must
-agree with the run's own final evaluation) and with the test-time flip, the run's config,
+agree with the run's own final evaluation), with the test-time flip and on the training
+images (inference mode: how well it fits what it learned from), the run's config,
 command as a user types it (`user_command`) and hours, the date and the library versions.
 Then `keras_preact.get_model(name, weights="cifar10")` loads it.
 """
@@ -82,15 +83,16 @@ def markdown_table(registry=None):
     test images beside the published ones, what it trained on, its training hours and recipe,
     its file."""
     lines = [
-        "| network | unit | parameters | test error % | with flip % | trained on | paper % | akamaster % | chenyaofo % "
-        "| hours | hours alone (images/s) | recipe | file | sha256 |",
-        "|---" * 14 + "|",
+        "| network | unit | parameters | test error % | with flip % | training-set error % | trained on | paper % "
+        "| akamaster % | chenyaofo % | hours | hours alone (images/s) | recipe | file | sha256 |",
+        "|---" * 15 + "|",
     ]
     for name, entry in in_table_order(registry):
         references = REFERENCES.get(depth_and_unit(name)[0], {})
         config = entry["config"]
         command = f"`{user_command(entry['command'], data_dir=False)}`" if entry.get("command") else ""
         flip = f"{100 * entry['flip_test_error']:.2f}" if entry.get("flip_test_error") is not None else ""
+        training_set = f"{100 * entry['train_error']:.2f}" if entry.get("train_error") is not None else ""
         alone = (
             f"{entry['hours_alone']:.2f} ({entry['images_per_second_alone']:g})"
             if entry.get("hours_alone") is not None
@@ -98,7 +100,8 @@ def markdown_table(registry=None):
         )
         lines.append(
             f"| {name} | {UNIT_NAMES[depth_and_unit(name)[1]]} | "
-            f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {flip} | {trained_on(entry)} | "
+            f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {flip} | {training_set} | "
+            f"{trained_on(entry)} | "
             f"{paper_error(name)} | "
             f"{references.get('akamaster') or ''} | {references.get('chenyaofo') or ''} | "
             f"{entry['training_hours']:.1f} | {alone} | {command} ({config['duration']:g} {config['schedule_unit']}, "
@@ -313,6 +316,7 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
             f"differs from the run's ({100 * summary['test_error']:.2f} %): the network or its preprocessing is not "
             f"the run's."
         )
+    training_set = evaluate.evaluate(name, path, config["dataset"], data_dir, split="train")
     entry = dict(
         file=os.path.basename(path),
         sha256=checksums.sha256(path),
@@ -320,6 +324,7 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
         parameters=sum(int(np.prod(weight.shape)) for weight in shipped.trainable_weights),
         test_error=round(result["error"], 6),
         flip_test_error=round(result["flip_error"], 6),
+        train_error=round(training_set["error"], 6),
         per_class_accuracy={label: round(value, 4) for label, value in result["per_class_accuracy"].items()},
         data=DATA_DESCRIPTION,
         command=user_command(summary.get("command")),

@@ -2,9 +2,12 @@
 commands that read an image folder refuse a missing or misshapen one at once, saying how a
 folder is laid out and made; offline, a data set that would be downloaded fails at once."""
 
+import io
 import os
+import pathlib
 import pickle
 import shutil
+import stat
 import subprocess
 import tarfile
 import zipfile
@@ -180,7 +183,7 @@ def test_a_release_whose_pickles_name_anything_else_is_refused_unrun(tmp_path):
         ),
         (
             lambda tmp_path: (tmp_path / "notes.txt").write_text("not an archive") and str(tmp_path / "notes.txt"),
-            "{tmp}/notes.txt is neither a tar nor a zip archive.",
+            "{tmp}/notes.txt cannot be extracted: it is neither a tar nor a zip archive.",
         ),
         (
             lambda tmp_path: archive_of(sample_folder(tmp_path / "source") / "train", tmp_path / "train-only.zip"),
@@ -196,6 +199,121 @@ def test_data_refuses_what_is_not_an_archive_of_an_image_folder(tmp_path, make, 
     assert result.stderr.startswith("error: " + message.format(tmp=tmp_path))
     assert not (tmp_path / "cifar10-jpeg").exists() and not (tmp_path / "cifar10-jpeg.done").exists()
     assert [name for name in os.listdir(tmp_path) if name.startswith(".extracting")] == []
+
+
+def tar_with(path, member, content=b"", mode="w"):
+    """A tar archive of the ten docs JPEGs' image folder with `member` (a TarInfo) added."""
+    with tarfile.open(path, mode) as archive:
+        archive.add(sample_folder(path.parent / f"{path.name}-source"), "cifar10")
+        archive.addfile(member, io.BytesIO(content))
+    return path
+
+
+def member(name, kind=tarfile.REGTYPE, size=0, **fields):
+    info = tarfile.TarInfo(name)
+    info.type, info.size = kind, size
+    for field, value in fields.items():
+        setattr(info, field, value)
+    return info
+
+
+def truncated(path, keep):
+    """`path` cut to its first `keep` bytes (a callable of its size)."""
+    path = pathlib.Path(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: keep(len(data))])
+    return path
+
+
+def tar_cut_between_members(path):
+    """An uncompressed tar whose end-of-archive mark and last members are cut off, at a member's start."""
+    tar_with(path, member("cifar10/train/cat/extra.jpg", size=600), bytes(600))
+    with tarfile.open(path) as archive:
+        last = archive.getmembers()[-1]
+    return truncated(path, lambda size: last.offset)
+
+
+def zip_with_a_damaged_member(path):
+    archive_of(sample_folder(path.parent / "zip-source"), path)
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as opened:
+        first = opened.infolist()[0]
+    start = first.header_offset + 30 + len(first.filename.encode()) + 40  # inside its compressed data
+    data[start : start + 8] = bytes(8)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def zip_with(path, name, attributes=0, content=b"x"):
+    archive_of(sample_folder(path.parent / "zip-source"), path)
+    with zipfile.ZipFile(path, "a") as opened:
+        info = zipfile.ZipInfo(name)
+        info.external_attr = attributes << 16
+        opened.writestr(info, content)
+    return path
+
+
+HOSTILE = {
+    "a member outside the folder": (
+        lambda tmp: tar_with(tmp / "a.tar", member("../outside.txt", size=3), b"bad"),
+        "which is outside the destination",
+    ),
+    "a symbolic link": (
+        lambda tmp: tar_with(tmp / "a.tar", member("cifar10/link", tarfile.SYMTYPE, linkname="/etc/passwd")),
+        "its member 'cifar10/link' is a link or a device, not a file or a folder",
+    ),
+    "a device": (
+        lambda tmp: tar_with(tmp / "a.tar", member("cifar10/device", tarfile.CHRTYPE, devmajor=1, devminor=3)),
+        "its member 'cifar10/device' is a link or a device, not a file or a folder",
+    ),
+    "a truncated tar.xz": (
+        lambda tmp: truncated(archive_of(sample_folder(tmp / "source"), tmp / "a.tar.xz"), lambda size: size // 2),
+        "Compressed file ended before the end-of-stream marker was reached",
+    ),
+    "a tar cut between members": (
+        lambda tmp: tar_cut_between_members(tmp / "a.tar"),
+        "it ends before its end-of-archive mark (truncated)",
+    ),
+    "a damaged zip member": (lambda tmp: zip_with_a_damaged_member(tmp / "a.zip"), "Bad CRC-32 for file"),
+    "a zip member outside the folder": (
+        lambda tmp: zip_with(tmp / "a.zip", "../outside.txt"),
+        "its member '../outside.txt' names a path outside its folder",
+    ),
+    "a zip symbolic link": (
+        lambda tmp: zip_with(tmp / "a.zip", "cifar10/link", stat.S_IFLNK | 0o777, b"/etc/passwd"),
+        "its member 'cifar10/link' is a link or a device, not a file or a folder",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_or_damaged_archive_is_one_line_and_leaves_nothing(tmp_path, case):
+    make, reason = HOSTILE[case]
+    archive = make(tmp_path)
+    destination = tmp_path / "out" / "cifar10-png"
+    result = run("data", str(archive), "--data-dir", str(destination))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"error: {archive} cannot be extracted: ") and reason in result.stderr
+    assert result.stderr.endswith(f"Received: {str(archive)!r}\n") and result.stderr.count("\n") == 1
+    assert os.listdir(tmp_path / "out") == ["cifar10-png.lock"]  # no folder, no mark, no scratch
+    assert not (tmp_path / "outside.txt").exists() and not (tmp_path / "out" / "outside.txt").exists()
+
+
+def test_extraction_is_bounded_in_bytes_and_files(tmp_path, monkeypatch):
+    """A zip that would extract more than the bound (a bomb: 4 MB of zeros in a few KB) is
+    refused before a byte is written; so is one of too many files."""
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as opened:
+        opened.writestr("cifar10/train/cat/zeros.jpg", bytes(4 * 2**20))
+    assert bomb.stat().st_size < 10_000
+    monkeypatch.setattr(data_folder, "MAXIMUM_BYTES", 2**20)
+    with pytest.raises(ValueError, match=r"it holds more than 1,000,000 files or 0.000976562 GiB"):
+        data_folder.extract(str(bomb), str(tmp_path / "out"))
+    many = archive_of(sample_folder(tmp_path / "source"), tmp_path / "many.tar.xz")
+    monkeypatch.setattr(data_folder, "MAXIMUM_FILES", 5)
+    with pytest.raises(ValueError, match=r"it holds more than 5 files or 0.000976562 GiB \(at '.*'\)"):
+        data_folder.extract(many, str(tmp_path / "out"))
+    assert sorted(os.listdir(tmp_path)) == ["bomb.zip", "many.tar.xz", "out.lock", "source"]
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,13 @@ in `CIFAR10_FOLDER`.
 
 import contextlib
 import fcntl
+import lzma
 import os
+import stat
 import tarfile
 import tempfile
 import zipfile
+import zlib
 
 from . import cifar_release
 
@@ -116,15 +119,75 @@ def is_made(destination):
 
 
 def unpack(archive, folder):
-    """The files of a tar or zip archive into `folder`, none outside it."""
-    if tarfile.is_tarfile(archive):
-        with tarfile.open(archive) as opened:
-            opened.extractall(folder, filter="data")
-    elif zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as opened:
-            opened.extractall(folder)  # zipfile keeps every member inside `folder`
-    else:
-        raise ValueError(f"{archive} is neither a tar nor a zip archive. Received: {archive!r}")
+    """The files of a tar or zip archive into `folder`, none outside it: regular files and
+    folders only, at most `MAXIMUM_FILES` and `MAXIMUM_BYTES` in all, read to the archive's end.
+
+    Raises:
+        ValueError: in one line, for a file that is no tar or zip archive, a member that is a
+            link, a device or a path outside `folder`, an archive past the bounds, or one that is
+            truncated or damaged.
+    """
+    bound = Bound(archive)
+    try:
+        if tarfile.is_tarfile(archive):
+            with tarfile.open(archive) as opened:
+                opened.extractall(folder, filter=bound.tar_member)
+                # The end-of-archive mark (two zero blocks): a tar cut between members has none.
+                opened.fileobj.seek(opened.offset)
+                if opened.fileobj.read(2 * tarfile.BLOCKSIZE) != bytes(2 * tarfile.BLOCKSIZE):
+                    raise ValueError("it ends before its end-of-archive mark (truncated)")
+        elif zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as opened:
+                for member in opened.infolist():
+                    bound.zip_member(member)
+                opened.extractall(folder)
+        else:
+            raise ValueError("it is neither a tar nor a zip archive")
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, lzma.LZMAError, zlib.error, OSError, ValueError) as error:
+        raise ValueError(f"{archive} cannot be extracted: {error}. Received: {archive!r}") from None
+
+
+# The most an archive may extract: ten times CIFAR-10 as PNG folders (60,003 files, 246 MB) in
+# bytes, and files for an image folder of a million images; a larger folder is extracted by
+# other means and given to --data-dir.
+MAXIMUM_BYTES = 4 * 2**30
+MAXIMUM_FILES = 1_000_000
+
+
+class Bound:
+    """The checks of each member of an archive as it is extracted, and the running totals."""
+
+    def __init__(self, archive):
+        self.archive, self.files, self.bytes = archive, 0, 0
+
+    def count(self, name, size):
+        self.files += 1
+        self.bytes += size
+        if self.files > MAXIMUM_FILES or self.bytes > MAXIMUM_BYTES:
+            raise ValueError(
+                f"it holds more than {MAXIMUM_FILES:,} files or {MAXIMUM_BYTES / 2**30:g} GiB (at {name!r}), "
+                f"more than `keras-preact data` extracts"
+            )
+
+    def tar_member(self, member, path):
+        """tarfile's extraction filter: Python's "data" filter (no path outside `path`, no
+        absolute path), then regular files and folders only, counted."""
+        if not (member.isfile() or member.isdir()):
+            raise ValueError(f"its member {member.name!r} is a link or a device, not a file or a folder")
+        member = tarfile.data_filter(member, path)
+        self.count(member.name, member.size)
+        return member
+
+    def zip_member(self, member):
+        """A zip member: a relative path inside the archive's folder, a file or a folder, counted
+        at its declared size (zipfile reads no more than that)."""
+        parts = member.filename.replace("\\", "/").split("/")
+        if member.filename.startswith("/") or ".." in parts:
+            raise ValueError(f"its member {member.filename!r} names a path outside its folder")
+        kind = stat.S_IFMT(member.external_attr >> 16)
+        if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+            raise ValueError(f"its member {member.filename!r} is a link or a device, not a file or a folder")
+        self.count(member.filename, member.file_size)
 
 
 def folder_within(scratch, archive):

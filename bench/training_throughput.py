@@ -25,7 +25,7 @@ import keras
 import tensorflow as tf
 from harness import processor
 
-from keras_preact_training import configs, engines, loop
+from keras_preact_training import configs, engines, loop, precision
 
 
 def machine():
@@ -67,7 +67,8 @@ def main():
         "warmup=0",
         f"duration={arguments.window * (arguments.windows + 1)}",
     )
-    engines.configure(config)  # the recipe's precision, as `keras-preact train` sets it
+    config = precision.resolved(config)  # the recipe's precision, as `keras-preact train` chooses it
+    engines.configure(config)
     print(f"machine: {machine()}")
     print(f"recipe: {arguments.config} ({config.precision}, nesterov={config.nesterov})")
     print(f"input pipeline, batch {arguments.batch_size}: {pipeline_images_per_second(config, 40):.0f} images/s")

@@ -477,7 +477,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
         f"{100 * entry['flip_test_error']:.2f} | {100 * entry['train_error']:.2f} | original images | "
         f"8.75 (He 2015, original) | 8.27 | "
         f"7.4 | {entry['training_hours']:.1f} | {entry['hours_alone']:.2f} (0.05) | `keras-preact train --config cifar10_cpu --model resnet20 --set "
-        f"batch_size=10 --set duration=1 --set warmup=0` (1 epochs, step) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |"
+        f"batch_size=10 --set duration=1 --set warmup=0` (1 epochs, step, float32) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |"
     )
     network = keras.saving.load_model(run_dir / "model.keras").layers[-1]
     loaded = keras_preact.ResNet20(weights="cifar10", classifier_activation=None)

@@ -139,7 +139,9 @@ class Config:
         cpu_devices: split the CPU into this many logical devices (for "mirrored").
         synchronized_batch_norm: BatchNorm statistics over all replicas; the paper
             computes them per GPU (64 images of a batch of 128), the default.
-        precision: "float32", "mixed_bfloat16" or "mixed_float16".
+        precision: "float32", "mixed_bfloat16" or "mixed_float16"; or "auto": mixed_bfloat16
+            where the device that trains computes bfloat16 natively, float32 elsewhere
+            (`keras_preact_training.precision`; a run records what it resolved to).
         xla: compile the training step with XLA.
         fused_batch_norm: BatchNorm through TensorFlow's fused kernel where it applies
             (`keras_preact.blocks.BatchNorm`); false for the portable `keras.ops` path.
@@ -207,7 +209,7 @@ class Config:
             "schedule_unit": ("steps", "epochs"),
             "schedule": ("step", "cosine"),
             "strategy": STRATEGIES,
-            "precision": PRECISIONS,
+            "precision": (*PRECISIONS, "auto"),
             "shortcut": ("identity", "projection"),
             "merge": MERGES,
         }
@@ -444,14 +446,14 @@ NAMED_CONFIGS = {
             schedule="cosine",
             nesterov=True,
             weight_decay=5e-4,
-            precision="mixed_bfloat16",
+            precision="auto",
             duration=60,
         ),
         purpose="The zoo's recipe (keras_preact/weights), chosen on 5,000 training JPEGs held out (docs/zoo.md): "
         "cifar10_cpu with Nesterov momentum (as the official Torch code's SGD, fb.resnet.torch), weight "
         "decay 5e-4 (Zagoruyko and Komodakis, Wide Residual Networks, 2016), the cosine schedule (Loshchilov "
-        "and Hutter, SGDR, 2017) after a first epoch at 0.01, and bfloat16 mixed precision (no accuracy "
-        "lost, docs/benchmarks.md; --set precision=float32 on processors without bfloat16 instructions).",
+        "and Hutter, SGDR, 2017) after a first epoch at 0.01, and bfloat16 mixed precision where the processor "
+        "computes it natively, float32 elsewhere (precision=auto; no accuracy lost, docs/benchmarks.md).",
         paper="He et al. 2015, Table 6 (164 epochs): ResNet-20 8.75 %, ResNet-56 6.97 %, ResNet-110 6.43 % test "
         "error; this paper, Table 3: pre-activation ResNet-110 6.37 %.",
         command="keras-preact train --config cifar10_zoo --model resnet56 --data-dir cifar10-jpeg",

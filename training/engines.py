@@ -21,7 +21,7 @@ import numpy as np
 
 from keras_preact import walks
 
-from . import data, recipe
+from . import data, precision, recipe
 
 
 class StepEngine(typing.Protocol):
@@ -64,7 +64,7 @@ def configure(config):
     """Process-wide settings; call before building anything: the dtype policy; where TensorFlow
     is installed, its logical CPU devices and determinism, and TensorFlow kept off the GPU
     where another backend runs the steps (it reads the images or writes TensorBoard's logs)."""
-    keras.config.set_dtype_policy(config.precision)
+    keras.config.set_dtype_policy(precision.resolved(config, verbose=False).precision)
     backend = keras.backend.backend()
     if backend != "tensorflow" and not data.tensorflow_installed():
         return

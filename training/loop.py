@@ -19,7 +19,7 @@ import numpy as np
 
 from keras_preact import walks
 
-from . import checkpoints, configs, data, defaults, engines, files, plots, recipe
+from . import checkpoints, configs, data, defaults, engines, files, plots, precision, recipe
 
 # test_* or validation_*: the split a run evaluates on (`Config.validation_examples`); hours: of
 # training steps, summed over the sessions of a resumed run.
@@ -83,6 +83,8 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
             cannot be made, if the run resumed was started with other settings, or if the
             backend cannot run `config.strategy`.
     """
+    config = precision.resolved(config, run_dir, verbose)
+    keras.config.set_dtype_policy(config.precision)
     steps = engines.for_backend(config)
     if steps.chief:
         files.make_directory(run_dir, "run folder")

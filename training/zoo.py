@@ -105,7 +105,8 @@ def markdown_table(registry=None):
             f"{paper_error(name)} | "
             f"{references.get('akamaster') or ''} | {references.get('chenyaofo') or ''} | "
             f"{entry['training_hours']:.1f} | {alone} | {command} ({config['duration']:g} {config['schedule_unit']}, "
-            f"{config.get('schedule', 'step')}) | {entry['bytes'] / 2**20:.1f} MB | `{entry['sha256'][:12]}` |"
+            f"{config.get('schedule', 'step')}, {config.get('precision', 'float32')}) | {entry['bytes'] / 2**20:.1f} MB | "
+            f"`{entry['sha256'][:12]}` |"
         )
     return "\n".join(lines)
 

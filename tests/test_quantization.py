@@ -166,6 +166,49 @@ def without_int8_hashes(version):
 INT8 = "{version}/onnx/predict_pixels.int8.onnx"
 
 
+def with_int8_settings(version, settings):
+    """metadata.json as an export with other int8 settings (None: before they were recorded) wrote it."""
+    metadata = json.loads((version / "metadata.json").read_text())
+    int8 = metadata["onnx"]["quantized"]["int8"]
+    if settings is None:
+        int8.pop("settings")
+    else:
+        int8["settings"] = settings
+    (version / "metadata.json").write_text(json.dumps(metadata))
+
+
+def test_the_int8_onnx_models_cannot_saturate_on_any_x86_64_processor(quantized):
+    """Every activation of the int8 models is quantized to signed int8 and every weight to int8
+    (S8S8): onnxruntime's unsigned-activation kernels (U8S8) saturate their 16-bit sums on
+    processors without VNNI. Read from the models' own quantization parameters, whatever
+    processor runs the test; metadata.json records the settings."""
+    import onnx
+
+    metadata = contract.read_metadata(quantized)
+    int8 = contract.onnx_models(metadata, "int8")
+    assert (
+        int8["settings"]
+        == contract.ONNX_INT8_SETTINGS
+        == {
+            "format": "QDQ",
+            "weights": "int8, per output channel",
+            "activations": "int8",
+        }
+    )
+    for file in int8["files"].values():
+        model = onnx.load(os.path.join(quantized, file))
+        initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+
+        def zero_point_types(kind):
+            nodes = [node for node in model.graph.node if node.op_type == kind and len(node.input) > 2]
+            return [onnx.TensorProto.DataType.Name(initializers[node.input[2]].data_type) for node in nodes]
+
+        activations = zero_point_types("QuantizeLinear")  # what the model quantizes as it runs
+        assert len(activations) > 20 and set(activations) == {"INT8"}, f"{file}: activations as {set(activations)}"
+        # Dequantized: those activations, the int8 weights and the int32 biases; nothing unsigned.
+        assert set(zero_point_types("DequantizeLinear")) == {"INT8", "INT32"}, file
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -209,15 +252,34 @@ INT8 = "{version}/onnx/predict_pixels.int8.onnx"
             f"{{version}}/metadata.json is not the one exported with the ONNX model {INT8} (edited, or another "
             'export\'s): it says class_names=["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"] where the model has ',
         ),
+        (
+            lambda version: with_int8_settings(version, None),
+            "The int8 ONNX models of {version} were quantized with other settings than {settings} (unsigned "
+            "activations, which saturate on processors without VNNI): export the model again with `keras-preact "
+            "export ... --format onnx --quantize int8 --calibration-images ...`.",
+        ),
+        (
+            lambda version: with_int8_settings(version, dict(contract.ONNX_INT8_SETTINGS, activations="uint8")),
+            "The int8 ONNX models of {version} were quantized with other settings than",
+        ),
     ],
-    ids=["altered", "swapped, no hashes", "truncated, no hashes", "not in metadata.json", "class names edited"],
+    ids=[
+        "altered",
+        "swapped, no hashes",
+        "truncated, no hashes",
+        "not in metadata.json",
+        "class names edited",
+        "exported before the settings",
+        "unsigned activations",
+    ],
 )
 def test_the_int8_files_are_checked_at_start(quantized, tmp_path, change, message):
     directory = damaged_copy(quantized, tmp_path, change)
     with pytest.raises(ValueError) as error:
         ModelServer(str(directory), runtime="onnxruntime", precision="int8")
     version = directory / os.path.basename(quantized)
-    assert str(error.value).startswith(message.format(version=version)), str(error.value)
+    expected = message.format(version=version, settings=contract.ONNX_INT8_SETTINGS)
+    assert str(error.value).startswith(expected), str(error.value)
     assert "\n" not in str(error.value)
 
 

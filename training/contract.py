@@ -92,6 +92,13 @@ ONNX_ANSWER_KEY = "keras_preact.answer"
 # static quantization; LiteRT: full-integer), both calibrated on images the user names.
 PRECISIONS = {"saved_model": ("float32",), "onnx": ("float32", "int8"), "litert": ("float32", "float16", "int8")}
 QUANTIZED = ("float16", "int8")
+# How the int8 ONNX models are quantized, as metadata.json records it: onnxruntime's QDQ format,
+# int8 weights per output channel and signed int8 activations (S8S8). Unsigned activations
+# (U8S8) run on x86-64 processors without VNNI through an instruction whose 16-bit
+# intermediate sums saturate (onnxruntime's quantization guide, "When and why do I need to
+# try U8U8?"): the zoo's ResNet-20 lost 0.73 points there; signed activations cannot saturate
+# so. A version whose int8 models record other settings is not served.
+ONNX_INT8_SETTINGS = {"format": "QDQ", "weights": "int8, per output channel", "activations": "int8"}
 # The LiteRT models: `predict_pixels` in each precision, under <version>/litert/.
 LITERT_DIRECTORY = "litert"
 LITERT_SIGNATURE = "predict_pixels"

@@ -366,7 +366,12 @@ def write_version(
             )
             record_answer(partial, int8_files, answer)
             described["onnx"]["quantized"] = dict(
-                int8=dict(files=int8_files, sha256=digests(partial, int8_files), calibration_images=len(pixels))
+                int8=dict(
+                    files=int8_files,
+                    sha256=digests(partial, int8_files),
+                    calibration_images=len(pixels),
+                    settings=contract.ONNX_INT8_SETTINGS,
+                )
             )
     if "litert" in formats:
         pixel_model = SignatureModel(separated, *normalization_constants(normalization))

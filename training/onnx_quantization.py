@@ -1,13 +1,10 @@
 """int8 ONNX models beside the float32 ones, with onnxruntime's static quantization.
 
-Each float32 ONNX model (`contract.ONNX_MODELS`) is quantized in the QDQ format (quantize and
-dequantize pairs around each operation, which onnxruntime fuses into integer kernels):
-weights int8 per output channel, activations uint8 with scales calibrated on images the
-user names (`keras_preact_training.calibration`). uint8 activations with int8 weights (U8S8)
-are the pairing onnxruntime's x86-64 kernels run fastest; signed activations (S8S8), and
-quantizing the convolutions alone (with a pre-activation unit's first BatchNorm rewritten as a
-multiply and an add, which onnxruntime's integer kernels need no transposes around), measured
-no faster on this project's processors.
+Each float32 ONNX model (`contract.ONNX_MODELS`) is quantized as `contract.ONNX_INT8_SETTINGS`
+says: the QDQ format (quantize and dequantize pairs around each operation, which onnxruntime
+fuses into integer kernels), weights int8 per output channel, activations int8 (S8S8) with
+scales calibrated on images the user names (`keras_preact_training.calibration`); the
+contract says why signed activations, and docs/benchmarks.md what they cost.
 """
 
 import logging
@@ -62,7 +59,7 @@ def quantize_onnx(path, files, pixels, normalize):
                 Batches(signature.key, images),
                 quant_format=QuantFormat.QDQ,
                 per_channel=True,
-                activation_type=QuantType.QUInt8,
+                activation_type=QuantType.QInt8,  # contract.ONNX_INT8_SETTINGS
                 weight_type=QuantType.QInt8,
             )
         finally:

@@ -60,6 +60,13 @@ class OnnxRuntime:
                 + (f" --quantize {precision} --calibration-images ..." if precision != "float32" else "")
                 + "."
             ) from None
+        if precision == "int8" and described.get("settings") != contract.ONNX_INT8_SETTINGS:
+            raise ValueError(
+                f"The int8 ONNX models of {path} were quantized with other settings than "
+                f"{contract.ONNX_INT8_SETTINGS} (unsigned activations, which saturate on processors without "
+                "VNNI): export the model again with `keras-preact export ... --format onnx --quantize int8 "
+                "--calibration-images ...`."
+            )
         self.sessions = {}
         for signature in contract.ONNX_MODELS:
             file = os.path.join(path, files[signature])

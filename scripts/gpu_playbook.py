@@ -260,7 +260,25 @@ def folder_bytes(folder):
     )
 
 
-def start(minutes, out, device_root=DEVICE_ROOT, entries=None, backend="jax", packed=PACK, concurrent=CONCURRENT):
+def visible_gpus():
+    """How many NVIDIA GPUs the machine has (`nvidia-smi -L`'s lines; 0 where it has none)."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in listed.splitlines())
+
+
+def start(
+    minutes,
+    out,
+    device_root=DEVICE_ROOT,
+    entries=None,
+    backend="jax",
+    packed=PACK,
+    concurrent=CONCURRENT,
+    gpus=None,
+):
     """On the device: installs the wheels of `packed`, joins and extracts the images (`assemble`,
     where `packed` names an archive's parts), starts the first
     `concurrent` unfinished runs (each from its carried checkpoint), waits `minutes` while
@@ -293,15 +311,18 @@ def start(minutes, out, device_root=DEVICE_ROOT, entries=None, backend="jax", pa
         carried, run_dir = os.path.join(packed, "runs", name), os.path.join(device_root, "runs", name)
         if os.path.isdir(carried) and not os.path.isdir(run_dir):
             shutil.copytree(carried, run_dir)
+    gpus = visible_gpus() if gpus is None else gpus
     with open(os.path.join(device_root, "runs", "settings.json"), "w") as file:
-        json.dump(dict(backend=backend, concurrent=concurrent), file)
+        json.dump(dict(backend=backend, concurrent=concurrent, gpus=gpus), file)
     return collect(minutes, out, device_root, entries)
 
 
 def fill(device_root, entries):
     """Starts the next unfinished, unstarted runs of `entries`, in order, until `concurrent`
     (`start`'s) run; each a `keras-preact train` in a session of its own, which outlives the
-    command that starts it."""
+    command that starts it. Where the machine has several GPUs, every one is used: each run
+    goes to the GPU that the fewest running runs share (`CUDA_VISIBLE_DEVICES`), with its
+    share of that GPU's memory."""
     runs = os.path.join(device_root, "runs")
     with open(os.path.join(runs, "settings.json")) as file:
         settings = json.load(file)
@@ -311,6 +332,8 @@ def fill(device_root, entries):
         with open(path) as file:
             processes = json.load(file)
     site = os.path.join(device_root, "site")
+    gpus = settings.get("gpus", 0)
+    sharing = -(-settings["concurrent"] // max(gpus, 1))  # runs on one GPU at most
     environment = dict(
         os.environ,
         KERAS_BACKEND=settings["backend"],
@@ -318,8 +341,13 @@ def fill(device_root, entries):
         PYTHONPATH=os.pathsep.join(
             [site, source_packages(device_root)] if os.path.isdir(site) else [source_packages(device_root)]
         ),
-        XLA_PYTHON_CLIENT_MEM_FRACTION=f"{GPU_MEMORY_SHARE / settings['concurrent']:.3f}",
+        XLA_PYTHON_CLIENT_MEM_FRACTION=f"{GPU_MEMORY_SHARE / sharing:.3f}",
     )
+    placements_path = os.path.join(runs, "gpus.json")
+    placements = {}
+    if os.path.exists(placements_path):
+        with open(placements_path) as file:
+            placements = json.load(file)
     for name, arguments in entries:
         run_dir = os.path.join(runs, name)
         if len(running(device_root)) >= settings["concurrent"]:
@@ -327,6 +355,13 @@ def fill(device_root, entries):
         if name in processes or os.path.exists(os.path.join(run_dir, "summary.json")):
             continue
         os.makedirs(run_dir, exist_ok=True)
+        if gpus > 1:
+            alive = running(device_root)
+            load = [sum(placements.get(other) == gpu for other in alive) for gpu in range(gpus)]
+            placements[name] = load.index(min(load))
+            environment["CUDA_VISIBLE_DEVICES"] = str(placements[name])
+            with open(placements_path, "w") as file:
+                json.dump(placements, file)
         with open(os.path.join(run_dir, "output.txt"), "ab") as output:
             process = subprocess.Popen(
                 [
@@ -350,7 +385,8 @@ def fill(device_root, entries):
         processes[name] = process.pid
         with open(path, "w") as file:
             json.dump(processes, file)
-        print(f"{name}: started (pid {process.pid}): {' '.join(arguments)}")
+        where = f" on GPU {placements[name]}" if name in placements else ""
+        print(f"{name}: started (pid {process.pid}){where}: {' '.join(arguments)}")
 
 
 def source_packages(device_root):

@@ -145,6 +145,24 @@ def test_the_runs_start_in_the_queues_order_as_many_at_once_as_asked(tmp_path, m
     assert sorted(os.listdir(tmp_path / "out")) == ["first.tar", "second.tar"]
 
 
+def test_every_gpu_of_the_machine_takes_runs(tmp_path, monkeypatch):
+    """On a machine of two GPUs (faked), four runs at once: two on each, in turn."""
+    monkeypatch.setattr(playbook, "REPORT_SECONDS", 0.2)
+    entries = [(f"run{index}", ["--config", "no_such_config"]) for index in range(4)]
+    device = tmp_path / "device"
+    playbook.start(
+        0,
+        str(tmp_path / "out"),
+        device_root=str(device),
+        entries=entries,
+        packed=str(tmp_path / "pack"),
+        concurrent=4,
+        gpus=2,
+    )
+    assert json.loads((device / "runs" / "gpus.json").read_text()) == {"run0": 0, "run1": 1, "run2": 0, "run3": 1}
+    assert json.loads((device / "runs" / "settings.json").read_text())["gpus"] == 2
+
+
 def train(run_dir):
     result = subprocess.run(
         [KERAS_PREACT, "train", *SHORT_DIGITS_RUN, "--run-dir", str(run_dir)],

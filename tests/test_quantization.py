@@ -197,16 +197,19 @@ def test_the_int8_onnx_models_cannot_saturate_on_any_x86_64_processor(quantized)
     )
     for file in int8["files"].values():
         model = onnx.load(os.path.join(quantized, file))
-        initializers = {tensor.name: tensor for tensor in model.graph.initializer}
-
-        def zero_point_types(kind):
-            nodes = [node for node in model.graph.node if node.op_type == kind and len(node.input) > 2]
-            return [onnx.TensorProto.DataType.Name(initializers[node.input[2]].data_type) for node in nodes]
-
-        activations = zero_point_types("QuantizeLinear")  # what the model quantizes as it runs
+        activations = zero_point_types(model, "QuantizeLinear")  # what the model quantizes as it runs
         assert len(activations) > 20 and set(activations) == {"INT8"}, f"{file}: activations as {set(activations)}"
         # Dequantized: those activations, the int8 weights and the int32 biases; nothing unsigned.
-        assert set(zero_point_types("DequantizeLinear")) == {"INT8", "INT32"}, file
+        assert set(zero_point_types(model, "DequantizeLinear")) == {"INT8", "INT32"}, file
+
+
+def zero_point_types(model, kind):
+    """The type names of the zero points of an ONNX model's `kind` nodes (QuantizeLinear, ...)."""
+    import onnx
+
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    nodes = [node for node in model.graph.node if node.op_type == kind and len(node.input) > 2]
+    return [onnx.TensorProto.DataType.Name(initializers[node.input[2]].data_type) for node in nodes]
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """`keras-preact`'s commands: `main` parses the command line (`command_line.parser`), checks
 what can be checked before TensorFlow loads, and runs the command's function from `COMMANDS`;
 bad input exits with 2, a diverged run with 3, a run whose checkpoints are all unreadable
-with 4, each with one line that says why."""
+with 4, a process of a data-parallel run whose peer ended with 5, each with one line that
+says why."""
 
 import dataclasses
 import json
@@ -92,6 +93,11 @@ def main(argv=None):
             **({loop.TrainingDiverged: 3} if loop else {}),
             **({checkpoints.CheckpointsUnreadable: 4} if checkpoints else {}),
         }
+        data_parallel = sys.modules.get(f"{__package__}.data_parallel")
+        if data_parallel and isinstance(error, data_parallel.PeerLost):
+            print(f"error: {error}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(5)  # at once: at a normal exit JAX's distributed runtime waits out its heartbeat, then aborts
         code = next((code for kind, code in exit_codes.items() if isinstance(error, kind)), None)
         if code is None:
             raise
@@ -168,8 +174,17 @@ def import_tensorflow(verbose, optional=False):
 
 
 def train_command(arguments):
+    from . import data_parallel
+
     config = config_from(arguments)
     check_model(config)
+    if config.strategy == "data_parallel":  # before any computation: JAX's distributed runtime first
+        data_parallel.initialize(arguments.coordinator, arguments.processes, arguments.process_id)
+    elif arguments.coordinator is not None or arguments.processes is not None or arguments.process_id is not None:
+        raise ValueError(
+            "--coordinator, --processes and --process-id are --strategy data_parallel's (under KERAS_BACKEND=jax). "
+            f"Received: strategy={config.strategy!r}"
+        )
     run_dir = arguments.run_dir or os.path.join("runs", f"{arguments.config}-{config.model}")
     if arguments.seeds < 1:
         raise ValueError(f"--seeds must be at least 1. Received: --seeds {arguments.seeds}")

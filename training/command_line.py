@@ -74,8 +74,18 @@ def parser():
     train.add_argument(
         "--strategy",
         choices=configs.STRATEGIES,
-        help="tf.distribute strategy; multi_worker reads the cluster from TF_CONFIG "
-        "(under KERAS_BACKEND=jax: default or one_device, one device)",
+        help="under TensorFlow, the tf.distribute strategy (multi_worker reads the cluster from TF_CONFIG); "
+        "under KERAS_BACKEND=jax, default (one device) or data_parallel (every device of every process)",
+    )
+    train.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="data_parallel over several processes: process 0's host and a free port (or "
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES), with --processes and --process-id",
+    )
+    train.add_argument("--processes", type=int, help="the number of processes (or KERAS_DISTRIBUTION_NUM_PROCESSES)")
+    train.add_argument(
+        "--process-id", type=int, help="this process's id, 0 to --processes - 1 (or KERAS_DISTRIBUTION_PROCESS_ID)"
     )
     train.add_argument(
         "--run-dir", help="where checkpoints, logs, plots and the model go (default: runs/<config>-<model>)"
@@ -465,7 +475,9 @@ def add_config_arguments(command, default_model):
     )
     command.add_argument("--model", default=default_model, help=f"the network (default: {default_model})")
     command.add_argument("--data-dir", help="tensorflow-datasets data directory, or the root of an image folder")
-    command.add_argument("--strategy", choices=configs.STRATEGIES, help="tf.distribute strategy of each trial")
+    command.add_argument(
+        "--strategy", choices=configs.TENSORFLOW_STRATEGIES, help="tf.distribute strategy of each trial"
+    )
 
 
 # The flags of `train` and `tune` that set a config field of the same name, after --set.

@@ -43,8 +43,10 @@ MERGES = {
 }
 # Keras dtype policies a network trains (and `keras_preact_training.evaluate` evaluates) in.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-# The tf.distribute strategies a run trains under (`keras_preact_training.engines.make_strategy`).
-STRATEGIES = ("default", "one_device", "mirrored", "multi_worker", "tpu")
+# The strategies a run trains under: tf.distribute's (`keras_preact_training.engines.make_strategy`),
+# and under JAX Keras' data parallelism (`keras_preact_training.data_parallel`).
+TENSORFLOW_STRATEGIES = ("default", "one_device", "mirrored", "multi_worker", "tpu")
+STRATEGIES = (*TENSORFLOW_STRATEGIES, "data_parallel")
 
 
 # What `Config.__post_init__` accepts of each number field, as its error says it and as it
@@ -135,7 +137,10 @@ class Config:
         checkpoint_every: steps between two checkpoints (and the end).
         log_every: steps between two rows of the CSV log and TensorBoard.
         seed: seed of the weights, the data order and the augmentation (0 to 2**32 - 1).
-        strategy: "default", "one_device", "mirrored", "multi_worker" or "tpu".
+        strategy: under TensorFlow, the tf.distribute strategy: "default", "one_device",
+            "mirrored", "multi_worker" or "tpu"; under JAX, "default" (one device) or
+            "data_parallel" (Keras' `keras.distribution.DataParallel` over every device of
+            every process, `keras_preact_training.data_parallel`).
         cpu_devices: split the CPU into this many logical devices (for "mirrored").
         synchronized_batch_norm: BatchNorm statistics over all replicas; the paper
             computes them per GPU (64 images of a batch of 128), the default.

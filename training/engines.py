@@ -21,7 +21,7 @@ import numpy as np
 
 from keras_preact import walks
 
-from . import data, precision, recipe
+from . import configs, data, data_parallel, precision, recipe
 
 
 class StepEngine(typing.Protocol):
@@ -166,6 +166,12 @@ class TensorFlowSteps:
                 "Received: input_pipeline='numpy'. Leave input_pipeline unset, or train under "
                 "KERAS_BACKEND=jax or torch."
             )
+        if config.strategy not in configs.TENSORFLOW_STRATEGIES:
+            raise ValueError(
+                "--strategy data_parallel is Keras' data parallelism under KERAS_BACKEND=jax. Received: "
+                f"strategy={config.strategy!r} under KERAS_BACKEND=tensorflow, whose strategies are tf.distribute's: "
+                "mirrored (the devices of a machine) or multi_worker (several machines)."
+            )
         self.config = config
         self.strategy = make_strategy(config)
         self.replicas = self.strategy.num_replicas_in_sync
@@ -236,22 +242,30 @@ class TensorFlowSteps:
 
 
 class OneDeviceSteps:
-    """What the engines of one device share: the config's check, the training model and its
-    optimizer, the training batches as NumPy arrays from the config's input pipeline.
+    """What the engines of Keras' JAX and PyTorch backends share: the config's check, the
+    training model and its optimizer, the training batches as NumPy arrays from the config's
+    input pipeline (this process's part of each, `shard`).
 
     Raises:
-        ValueError: if `config.strategy` needs `tf.distribute` (mirrored, multi_worker, tpu).
+        ValueError: for a `config.strategy` the backend does not run (`strategies`).
     """
 
     chief = True
     backend = None  # Keras' name of the engine's backend
+    strategies = ("default", "one_device")
+    shard = (0, 1)
 
     def __init__(self, config):
-        if config.strategy not in ("default", "one_device"):
+        if config.strategy not in self.strategies:
+            several = (
+                "on several devices with --strategy data_parallel (keras.distribution)"
+                if "data_parallel" in self.strategies
+                else "on several devices under KERAS_BACKEND=jax (--strategy data_parallel) or tensorflow"
+            )
             raise ValueError(
-                f"Under KERAS_BACKEND={self.backend}, keras-preact train runs on one device (strategy 'default' or "
-                f"'one_device'). Received: strategy={config.strategy!r}. Train on several devices under "
-                "Keras' TensorFlow backend (tf.distribute), or on one."
+                f"Under KERAS_BACKEND={self.backend}, keras-preact train runs with strategy "
+                f"{' or '.join(repr(name) for name in self.strategies)}. Received: strategy={config.strategy!r}. "
+                f"Train {several}; mirrored, multi_worker and tpu are tf.distribute's, under KERAS_BACKEND=tensorflow."
             )
         self.config = config
 
@@ -265,18 +279,28 @@ class OneDeviceSteps:
 
     def start(self, split, steps_per_epoch, first_step, total_steps):
         self.batches = data.input_pipeline(self.config).training_arrays(
-            split, self.config, steps_per_epoch, first_step, total_steps
+            split, self.config, steps_per_epoch, first_step, total_steps, self.shard
         )
 
 
 class JaxSteps(OneDeviceSteps):
-    """Training steps under JAX on one device: one jitted function of the network's and the
-    optimizer's values (Keras' stateless API: `Model.stateless_call`, `Optimizer.stateless_apply`),
-    the same computation as `replica_step_function`'s with one replica. The values go back into
-    Keras' variables for evaluation and for checkpoints (`synchronize`).
+    """Training steps under JAX: one jitted function of the network's and the optimizer's
+    values (Keras' stateless API: `Model.stateless_call`, `Optimizer.stateless_apply`), the
+    same computation as `replica_step_function`'s with one replica. The values go back into
+    Keras' variables for evaluation and for checkpoints (`synchronize`). On one device, or
+    with `strategy="data_parallel"` on every device of every process
+    (`keras_preact_training.data_parallel`): the same function on the global batch split
+    across them.
     """
 
     backend = "jax"
+    strategies = ("default", "one_device", "data_parallel")
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.parallel = data_parallel.DataParallel(config) if config.strategy == "data_parallel" else None
+        if self.parallel is not None:
+            self.chief, self.shard = self.parallel.chief, self.parallel.shard
 
     def build(self, dataset, steps_per_epoch):
         import jax
@@ -317,8 +341,15 @@ class JaxSteps(OneDeviceSteps):
 
     def step(self):
         images, labels = next(self.batches)
-        loss, correct, self.state = self.train_step(self.state, images, labels)
-        return float(loss), float(correct)
+        if self.parallel is None:
+            loss, correct, self.state = self.train_step(self.state, images, labels)
+            return float(loss), float(correct)
+
+        def parallel_step():
+            loss, correct, self.state = self.train_step(self.state, *self.parallel.global_batch(images, labels))
+            return float(loss), float(correct)
+
+        return self.parallel.guarded(parallel_step)
 
     def synchronize(self):
         for variables, values in zip(self.variables, self.state):
@@ -327,10 +358,9 @@ class JaxSteps(OneDeviceSteps):
 
     def predict(self, images):
         trainable, non_trainable = self.variables[:2]
+        images = np.asarray(images) if self.parallel is None else self.parallel.replicated(images)
         return self.predict_values(
-            [variable.value for variable in trainable],
-            [variable.value for variable in non_trainable],
-            np.asarray(images),
+            [variable.value for variable in trainable], [variable.value for variable in non_trainable], images
         )
 
 

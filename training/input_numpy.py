@@ -114,14 +114,18 @@ def gather(split, indices):
     return pixels.astype(np.float32), split.labels[indices].astype(np.int64)
 
 
-def training_arrays(split, config, steps_per_epoch, first_step, total_steps):
+def training_arrays(split, config, steps_per_epoch, first_step, total_steps, shard=(0, 1)):
     """The training batches of steps first_step .. total_steps - 1 (counted from 0), as
-    `input_tensorflow.training_batches` gives them on one replica: step s takes positions
-    [s G, (s + 1) G) of the stream of epochs (`data.example_indices`), G the batch size."""
+    `input_tensorflow.training_batches` gives them: step s takes positions [s G, (s + 1) G) of
+    the stream of epochs (`data.example_indices`), G the batch size; `shard` (index, count), of
+    count processes that share each batch, this one's part, positions [s G + i L, s G + (i + 1) L),
+    L = G / count."""
     used = steps_per_epoch * config.batch_size
+    index, count = shard
+    part = config.batch_size // count
     for step in range(first_step, total_steps):
-        positions = np.arange(step * config.batch_size, (step + 1) * config.batch_size)
-        yield gather(split, data.example_indices(positions, split.size, used, config.seed))
+        start = step * config.batch_size + index * part
+        yield gather(split, data.example_indices(np.arange(start, start + part), split.size, used, config.seed))
 
 
 def evaluation_arrays(split, batch_size):

@@ -243,9 +243,13 @@ def evaluation_batches(split, batch_size):
     return examples.batch(batch_size).prefetch(AUTOTUNE)
 
 
-def training_arrays(split, config, steps_per_epoch, first_step, total_steps):
-    """`training_batches` on one replica, as NumPy (images float32, labels int64)."""
-    return training_batches(split, config, steps_per_epoch, first_step, total_steps).as_numpy_iterator()
+def training_arrays(split, config, steps_per_epoch, first_step, total_steps, shard=(0, 1)):
+    """`training_batches` as NumPy (images float32, labels int64): the whole batch, or with
+    `shard` (index, count), of count processes that share each batch, this one's part, as
+    `input_numpy.training_arrays` gives it."""
+    index, count = shard
+    context = tf.distribute.InputContext(num_input_pipelines=count, input_pipeline_id=index, num_replicas_in_sync=count)
+    return training_batches(split, config, steps_per_epoch, first_step, total_steps, context).as_numpy_iterator()
 
 
 def evaluation_arrays(split, batch_size):

@@ -188,7 +188,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     if config.average_momentum:
         use_average()  # the evaluated network is the one saved
     summary = log.finish(config, dataset, model, evaluated_on, error, training_seconds, total_steps, command)
-    if verbose:
+    if verbose and steps.chief:
         print(
             f"Final {evaluated_on} error {100 * error:.2f} % after {total_steps} steps; "
             f"{summary['training_images_per_second']:.0f} images/s this session; weights sha256 "

@@ -4,12 +4,14 @@ and tf.data's.
 
     python bench/input_pipeline.py --data-dir ~/.cache/keras-preact/cifar10-png
     python bench/input_pipeline.py --data-dir DIR --pipelines numpy   # without TensorFlow
+    python bench/input_pipeline.py --data-dir DIR --processes 2       # one process's part of each batch
 
 Prints the machine, then for each pipeline the seconds to prepare the 50,000 training images
 (`data.load`: the NumPy pipeline decodes them into memory there, tf.data checks that each
 decodes) and the images per second of `--batches` batches of 128 after 5 unmeasured ones, as
 `keras-preact train` reads them (shuffled, decoded, batched, float32). A GPU that trains at
-R images/s needs a pipeline of more than R.
+R images/s needs a pipeline of more than R. With `--processes N` a process reads its part of
+each batch, as each of N processes of `--strategy data_parallel` does: its images per second.
 """
 
 import argparse
@@ -33,7 +35,7 @@ CASES = {
 }
 
 
-def images_per_second(config, case, batches):
+def images_per_second(config, case, batches, shard=(0, 1)):
     started = time.perf_counter()
     if case == "numpy-files":
         limit, input_numpy.MEMORY_LIMIT_BYTES = input_numpy.MEMORY_LIMIT_BYTES, 0
@@ -45,7 +47,7 @@ def images_per_second(config, case, batches):
     prepared = time.perf_counter() - started
     pipeline = data.input_pipeline(config)
     steps_per_epoch = configs.steps_per_epoch(dataset.train.size, config.batch_size)
-    iterator = iter(pipeline.training_arrays(dataset.train, config, steps_per_epoch, 0, batches + 5))
+    iterator = iter(pipeline.training_arrays(dataset.train, config, steps_per_epoch, 0, batches + 5, shard))
     for _ in range(5):
         next(iterator)
     started = time.perf_counter()
@@ -53,7 +55,7 @@ def images_per_second(config, case, batches):
     for _ in range(batches):
         images, _ = next(iterator)
         total += float(images[0, 0, 0, 0])  # touch the batch
-    return prepared, batches * config.batch_size / (time.perf_counter() - started)
+    return prepared, batches * config.batch_size // shard[1] / (time.perf_counter() - started)
 
 
 def main():
@@ -61,16 +63,18 @@ def main():
     parser.add_argument("--data-dir", required=True, help="CIFAR-10 as an image folder (train/, test/)")
     parser.add_argument("--pipelines", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--processes", type=int, default=1, help="processes sharing each batch (data_parallel)")
     arguments = parser.parse_args()
     print(f"machine: {processor()}, {os.cpu_count()} cores, NumPy {np.__version__}, Python {platform.python_version()}")
     for case in arguments.pipelines:
         pipeline = "tensorflow" if case == "tensorflow" else "numpy"
         config = configs.CONFIGS["cifar10_zoo"].override(f"data_dir={arguments.data_dir}", f"input_pipeline={pipeline}")
         batches = arguments.batches if case == "numpy" else max(arguments.batches // 10, 10)
-        prepared, rate = images_per_second(config, case, batches)
+        prepared, rate = images_per_second(config, case, batches, (0, arguments.processes))
+        part = f", process 0's {config.batch_size // arguments.processes} of each" if arguments.processes > 1 else ""
         print(
             f"{case:<12} ({CASES[case]}): prepared in {prepared:.1f} s, {rate:,.0f} images/s "
-            f"({batches} batches of {config.batch_size})"
+            f"({batches} batches of {config.batch_size}{part})"
         )
 
 

@@ -53,6 +53,13 @@ def main():
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--window", type=int, default=4, help="steps per timing window")
     parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument(
+        "--strategy",
+        default="default",
+        choices=configs.STRATEGIES,
+        help="data_parallel under KERAS_BACKEND=jax: every device (XLA_FLAGS=--xla_force_host_platform_device_count=N "
+        "splits this CPU into N)",
+    )
     arguments = parser.parse_args()
     config = configs.CONFIGS[arguments.config].override(
         "dataset=folder",
@@ -66,6 +73,7 @@ def main():
         "checkpoint_every=100000",
         "warmup=0",
         f"duration={arguments.window * (arguments.windows + 1)}",
+        f"strategy={arguments.strategy}",
     )
     config = precision.resolved(config)  # the recipe's precision, as `keras-preact train` chooses it
     engines.configure(config)

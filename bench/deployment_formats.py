@@ -8,7 +8,7 @@ Exports each shipped CIFAR-10 network (`keras_preact.pretrained`) with `export -
 of each class (300 by default), then runs the six files on the same decoded pixels of the
 10,000 test images (`predict_pixels`: uint8 in, probabilities out): the SavedModel under
 TensorFlow, the float32 and int8 ONNX models under onnxruntime, and the float32, float16
-and int8 LiteRT models under LiteRT's interpreter (`keras_preact_training.litert`). For each:
+and int8 LiteRT models under LiteRT's interpreter (`keras_preact_training.export.litert`). For each:
 the single-crop test error, the file's size (the SavedModel: saved_model.pb and its
 variables), the median latency of one image, and images/s at batch 64 (the median of
 `--rounds` rounds of `--seconds`), every runtime on all cores. Each runtime is timed in a
@@ -32,7 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
 
-from keras_preact_training import contract
+from keras_preact_training.export import contract
 
 FORMATS = (
     ("SavedModel", "saved_model", "float32"),
@@ -62,7 +62,7 @@ def test_set(data_dir):
     import tensorflow as tf
 
     from keras_preact import pretrained
-    from keras_preact_training import input_tensorflow
+    from keras_preact_training.data import input_tensorflow
 
     pixels, labels = [], []
     for label, name in enumerate(pretrained.DATASETS["cifar10"]["classes"]):
@@ -98,7 +98,7 @@ def runner(path, kind, precision):
         file = os.path.join(path, contract.onnx_models(metadata, precision)["files"]["predict_pixels"])
         session = onnxruntime.InferenceSession(file, providers=["CPUExecutionProvider"])
         return (lambda pixels: session.run(["probabilities"], {"pixels": pixels})[0]), os.path.getsize(file)
-    from keras_preact_training import litert
+    from keras_preact_training.export import litert
 
     file = os.path.join(path, metadata["litert"]["files"][precision])
     return litert.LiteRTModel(file), os.path.getsize(file)

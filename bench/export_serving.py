@@ -28,7 +28,8 @@ import numpy as np
 import tensorflow as tf
 
 import keras_preact
-from keras_preact_training import configs, export
+from keras_preact_training import export
+from keras_preact_training.train import configs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from training_throughput import machine

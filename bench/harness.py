@@ -151,7 +151,7 @@ def measure(name, steps, precision="float32", xla=False, batch=None, unfused=Fal
 
 
 def random_batch_training(model, batch, xla=False):
-    """(train_step, images): the training loop's step (`keras_preact_training.engines.replica_step_function`:
+    """(train_step, images): the training loop's step (`keras_preact_training.train.engines.replica_step_function`:
     the loss, SGD with momentum taking over the network's weight decay, `recipe.CoupledSGD`)
     on one batch of random images, as a `tf.function` (what every benchmark here times).
     The optimizer is built before the first step, as the training loop builds it."""
@@ -159,7 +159,7 @@ def random_batch_training(model, batch, xla=False):
     import numpy as np
     import tensorflow as tf
 
-    from keras_preact_training import engines, recipe
+    from keras_preact_training.train import engines, recipe
 
     images = tf.constant(np.random.default_rng(0).normal(size=(batch, *model.input_shape[1:])).astype("float32"))
     labels = tf.constant(np.arange(batch) % model.output_shape[-1])

@@ -63,7 +63,7 @@ def main():
     from PIL import Image
 
     from keras_preact_training import export
-    from keras_preact_training.contract import Preprocessing
+    from keras_preact_training.export.contract import Preprocessing
     from keras_preact_training.serving import images as serving_images
 
     preprocessing = Preprocessing(32, 3, (0.0,) * 3, (1.0,) * 3)

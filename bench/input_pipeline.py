@@ -7,7 +7,7 @@ and tf.data's.
     python bench/input_pipeline.py --data-dir DIR --processes 2       # one process's part of each batch
 
 Prints the machine, then for each pipeline the seconds to prepare the 50,000 training images
-(`data.load`: the NumPy pipeline decodes them into memory there, tf.data checks that each
+(`datasets.load`: the NumPy pipeline decodes them into memory there, tf.data checks that each
 decodes) and the images per second of `--batches` batches of 128 after 5 unmeasured ones, as
 `keras-preact train` reads them (shuffled, decoded, batched, float32). A GPU that trains at
 R images/s needs a pipeline of more than R. With `--processes N` a process reads its part of
@@ -26,7 +26,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 from harness import processor
 
-from keras_preact_training import configs, data, input_numpy
+from keras_preact_training.data import datasets, input_numpy
+from keras_preact_training.train import configs
 
 CASES = {
     "numpy": "NumPy and Pillow, decoded into memory",
@@ -40,12 +41,12 @@ def images_per_second(config, case, batches, shard=(0, 1)):
     if case == "numpy-files":
         limit, input_numpy.MEMORY_LIMIT_BYTES = input_numpy.MEMORY_LIMIT_BYTES, 0
     try:
-        dataset = data.load(config)
+        dataset = datasets.load(config)
     finally:
         if case == "numpy-files":
             input_numpy.MEMORY_LIMIT_BYTES = limit
     prepared = time.perf_counter() - started
-    pipeline = data.input_pipeline(config)
+    pipeline = datasets.input_pipeline(config)
     steps_per_epoch = configs.steps_per_epoch(dataset.train.size, config.batch_size)
     iterator = iter(pipeline.training_arrays(dataset.train, config, steps_per_epoch, 0, batches + 5, shard))
     for _ in range(5):

@@ -4,7 +4,7 @@
         --precision mixed_bfloat16 --seed 1 --output runs.jsonl
 
 One run of `--model` (pre-activation ResNet-20) with the zoo's recipe (config `cifar10_cpu`,
-`schedule=cosine`: 30 epochs, batch 128) as `keras_preact_training.recipe` writes it for `model.fit`
+`schedule=cosine`: 30 epochs, batch 128) as `keras_preact_training.train.recipe` writes it for `model.fit`
 on arrays, so it runs on every Keras backend and on a GPU; prints the machine, each
 epoch, and the final-epoch test error on all 10,000 test images, and appends them as
 one JSON line to `--output`. The images are decoded with Pillow (no TensorFlow needed)
@@ -23,7 +23,7 @@ import numpy as np
 from harness import processor  # bench/, the script's folder
 from PIL import Image
 
-from keras_preact_training import configs, recipe
+from keras_preact_training.train import configs, recipe
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
@@ -47,7 +47,7 @@ def decode(path):
 
 def image_folder(root):
     """{split: (images uint8 N x H x W x 3, labels)} of `root/{train,test}/<class>/<image>`,
-    classes numbered in sorted order as `keras_preact_training.data.image_folder` numbers them."""
+    classes numbered in sorted order as `keras_preact_training.data.datasets.image_folder` numbers them."""
     class_names = sorted(entry.name for entry in os.scandir(os.path.join(root, "train")) if entry.is_dir())
     splits = {}
     with futures.ProcessPoolExecutor() as pool:

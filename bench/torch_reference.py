@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as functional
 from torch import nn
 
-from keras_preact_training.configs import CONFIGS  # no Keras import: the configs are data
+from keras_preact_training.train.configs import CONFIGS  # no Keras import: the configs are data
 
 CONFIG = CONFIGS["cifar10_cpu"]
 

@@ -25,7 +25,7 @@ import keras
 import tensorflow as tf
 from harness import processor
 
-from keras_preact_training import configs, engines, loop, precision
+from keras_preact_training.train import configs, engines, loop, precision
 
 
 def machine():

@@ -99,7 +99,7 @@ def queue(where):
 
 def newest_checkpoint(run_dir):
     """(step, path) of the newest checkpoint of `run_dir`, .npz or TensorFlow's, or (None, None)."""
-    from keras_preact_training import checkpoints
+    from keras_preact_training.train import checkpoints
 
     return next(iter(checkpoints.newest_first(os.path.join(run_dir, "checkpoints"))), (None, None))
 
@@ -122,7 +122,7 @@ def pack(runs=CPU_RUNS, wheels=True, archive=ARCHIVE, output=PACK, entries=None,
     """Fills `output` (.gpu/) with the wheels and the newest checkpoints of the queued runs
     (`entries`; scripts/queue.txt's "gpu" runs by default), and `parts` (.gpu-data/) with the
     CIFAR-10 archive cut into parts of a call each (`archive` None: none)."""
-    from keras_preact_training import checkpoints
+    from keras_preact_training.train import checkpoints
 
     shutil.rmtree(output, ignore_errors=True)
     os.makedirs(os.path.join(output, "runs"))

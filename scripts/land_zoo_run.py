@@ -17,7 +17,9 @@ import os
 import shutil
 import types
 
-from keras_preact_training import data, plots, zoo
+from keras_preact_training import plots
+from keras_preact_training.data import datasets
+from keras_preact_training.experiments import zoo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,7 +49,7 @@ def draw_curves(run_dir, name, png_path):
     with the network's name and its data's (an image folder by its own name)."""
     with open(os.path.join(run_dir, "config.json")) as file:
         config = types.SimpleNamespace(**json.load(file))
-    return plots.training_curves(os.path.join(run_dir, "log.csv"), png_path, title=f"{name} on {data.name(config)}")
+    return plots.training_curves(os.path.join(run_dir, "log.csv"), png_path, title=f"{name} on {datasets.name(config)}")
 
 
 def main():

@@ -225,8 +225,8 @@ def cifar_folder():
     """CIFAR-10 with its original pixels as PNG folders, extracted once into the user's cache, where
     `keras-preact data` puts it (pytest-xdist's workers take turns: the first extracts, the others
     find it done)."""
-    from keras_preact_training import data_folder
+    from keras_preact_training.data import cifar10_folder
 
     if not os.path.exists(CIFAR_ARCHIVE):
         pytest.skip(f"CIFAR-10 PNG archive not found at {os.path.normpath(CIFAR_ARCHIVE)} (see shared/data/README.md)")
-    return data_folder.extract(CIFAR_ARCHIVE)
+    return cifar10_folder.extract(CIFAR_ARCHIVE)

@@ -9,7 +9,7 @@ import pytest
 
 import keras_preact as kp
 from keras_preact import analysis
-from keras_preact_training import diagnose
+from keras_preact_training.experiments import diagnose
 from tests.conftest import KERAS_PREACT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

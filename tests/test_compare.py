@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from keras_preact_training import cli, compare
+from keras_preact_training import cli
+from keras_preact_training.experiments import compare
 
 HEADER = (
     "step,epoch,loss,accuracy,learning_rate,test_loss,test_error,images_per_second,validation_loss,"

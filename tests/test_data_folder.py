@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from keras_preact_training import data_folder
+from keras_preact_training.data import cifar10_folder
 from tests.conftest import KERAS_PREACT, ROOT
 
 SAMPLES = os.path.join(ROOT, "docs", "cifar10")
@@ -82,8 +82,8 @@ def test_data_never_touches_a_folder_it_did_not_make(tmp_path):
     assert sorted(os.listdir(destination)) == ["notes.txt", "train"] and not (tmp_path / "mine.done").exists()
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert data_folder.extract(archive, str(empty)) == str(empty)
-    assert data_folder.counts(str(empty)) == {"train": (10, 10), "test": (10, 10)}
+    assert cifar10_folder.extract(archive, str(empty)) == str(empty)
+    assert cifar10_folder.counts(str(empty)) == {"train": (10, 10), "test": (10, 10)}
 
 
 def release_archive(path, images, labels, test_images, test_labels, names):
@@ -168,7 +168,7 @@ def test_a_release_whose_pickles_name_anything_else_is_refused_unrun(tmp_path):
     with tarfile.open(tmp_path / "hostile.tar.gz", "w:gz") as archive:
         archive.add(tmp_path / "cifar-10-batches-py", "cifar-10-batches-py")
     with pytest.raises(ValueError, match="test_batch is not a CIFAR-10 batch: a CIFAR-10 batch names no posix.system"):
-        data_folder.extract(str(tmp_path / "hostile.tar.gz"), str(tmp_path / "out"))
+        cifar10_folder.extract(str(tmp_path / "hostile.tar.gz"), str(tmp_path / "out"))
     assert not canary.exists() and not (tmp_path / "out").exists() and not (tmp_path / "out.done").exists()
 
 
@@ -306,13 +306,13 @@ def test_extraction_is_bounded_in_bytes_and_files(tmp_path, monkeypatch):
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as opened:
         opened.writestr("cifar10/train/cat/zeros.jpg", bytes(4 * 2**20))
     assert bomb.stat().st_size < 10_000
-    monkeypatch.setattr(data_folder, "MAXIMUM_BYTES", 2**20)
+    monkeypatch.setattr(cifar10_folder, "MAXIMUM_BYTES", 2**20)
     with pytest.raises(ValueError, match=r"it holds more than 1,000,000 files or 0.000976562 GiB"):
-        data_folder.extract(str(bomb), str(tmp_path / "out"))
+        cifar10_folder.extract(str(bomb), str(tmp_path / "out"))
     many = archive_of(sample_folder(tmp_path / "source"), tmp_path / "many.tar.xz")
-    monkeypatch.setattr(data_folder, "MAXIMUM_FILES", 5)
+    monkeypatch.setattr(cifar10_folder, "MAXIMUM_FILES", 5)
     with pytest.raises(ValueError, match=r"it holds more than 5 files or 0.000976562 GiB \(at '.*'\)"):
-        data_folder.extract(many, str(tmp_path / "out"))
+        cifar10_folder.extract(many, str(tmp_path / "out"))
     assert sorted(os.listdir(tmp_path)) == ["bomb.zip", "many.tar.xz", "out.lock", "source"]
 
 
@@ -340,7 +340,7 @@ def test_commands_refuse_a_missing_image_folder_before_loading_tensorflow(tmp_pa
     assert result.stderr == (
         "error: dataset=folder needs --data-dir to be an image folder (DIR/train/<class>/<image> and "
         "DIR/test/<class>/<image>, one folder per class; `keras-preact data ARCHIVE` makes "
-        f"{data_folder.CIFAR10_FOLDER} from an archive of one or from cifar-10-python.tar.gz, docs/training.md#data). "
+        f"{cifar10_folder.CIFAR10_FOLDER} from an archive of one or from cifar-10-python.tar.gz, docs/training.md#data). "
         f"Received: data_dir={str(tmp_path / 'nowhere')!r}\n"
     )
 
@@ -356,7 +356,8 @@ def test_evaluate_refuses_weights_that_do_not_ship_before_reading_the_data(tmp_p
 
 @pytest.mark.tensorflow
 def test_offline_a_data_set_to_download_fails_at_once_with_the_route_to_local_data(tmp_path, monkeypatch):
-    from keras_preact_training import configs, input_tensorflow
+    from keras_preact_training.data import input_tensorflow
+    from keras_preact_training.train import configs
 
     # A name that never resolves (RFC 2606), as every name does offline.
     monkeypatch.setitem(input_tensorflow.DOWNLOAD_HOSTS, "cifar10", "download.invalid")
@@ -369,6 +370,6 @@ def test_offline_a_data_set_to_download_fails_at_once_with_the_route_to_local_da
 
 
 def test_the_errors_send_users_to_a_place_that_exists():
-    assert "docs/training.md#data" in data_folder.ROUTE
+    assert "docs/training.md#data" in cifar10_folder.ROUTE
     with open(os.path.join(ROOT, "docs", "training.md")) as file:
         assert "\n{: #data }\n" in file.read()

@@ -42,7 +42,8 @@ WEIGHTS_TOLERANCE = 1e-4
 STEP_BY_STEP = """
 import sys
 import jax, numpy as np
-from keras_preact_training import configs, data, engines
+from keras_preact_training.train import configs, engines
+from keras_preact_training.data import datasets
 config = configs.get_config(sys.argv[1], sys.argv[2:])
 dataset = data.load(config)
 steps_per_epoch = configs.steps_per_epoch(dataset.train.size, config.batch_size)
@@ -314,7 +315,7 @@ def test_the_module_names_keras_environment_variables():
 
     import keras
 
-    from keras_preact_training import data_parallel
+    from keras_preact_training.train import data_parallel
 
     source = inspect.getsource(sys.modules[keras.distribution.initialize.__module__])
     for name in data_parallel.ENVIRONMENT.values():

@@ -113,7 +113,7 @@ def test_the_zoo_tables_are_the_registrys(tmp_path):
     """The README's and the zoo page's tables are what `keras-preact zoo` prints from the
     registry, and the README's units table what `keras-preact zoo --units` prints: a
     network's row lands with its entry."""
-    from keras_preact_training import zoo
+    from keras_preact_training.experiments import zoo
 
     table = zoo.markdown_table()
     for path in (README, os.path.join(DOCS, "zoo.md")):
@@ -122,7 +122,7 @@ def test_the_zoo_tables_are_the_registrys(tmp_path):
 
 
 def test_the_zoo_page_shows_every_shipped_networks_curves_in_the_tables_order():
-    from keras_preact_training import zoo
+    from keras_preact_training.experiments import zoo
 
     images = zoo.curve_images()
     assert images.splitlines()[:3] == [

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import keras_preact
-from keras_preact_training import configs, export, recipe
+from keras_preact_training import export
+from keras_preact_training.train import configs, recipe
 from tests.conftest import dtype_policy, random_images
 
 pytestmark = pytest.mark.tensorflow  # SavedModel export
@@ -30,7 +31,7 @@ def network():
 
 
 def train_step(model, policy):
-    """One step of the recipe's optimizer (loss-scaled under mixed_float16, as `keras_preact_training.recipe` does)."""
+    """One step of the recipe's optimizer (loss-scaled under mixed_float16, as `keras_preact_training.train.recipe` does)."""
     config = CONFIG.override(f"precision={policy if policy.startswith('mixed') else 'float32'}")
     model.compile(recipe.optimizer(config, 390, model), recipe.loss())
     return float(model.train_on_batch(IMAGES, LABELS))

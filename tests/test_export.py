@@ -12,7 +12,10 @@ import pytest
 import tensorflow as tf
 
 import keras_preact
-from keras_preact_training import configs, contract, data, export, input_tensorflow
+from keras_preact_training import export
+from keras_preact_training.data import datasets, input_tensorflow
+from keras_preact_training.export import contract
+from keras_preact_training.train import configs
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
@@ -208,7 +211,7 @@ def test_encoded_images_are_preprocessed_as_in_training(resnet20_export, cifar_f
     """serving_default on CIFAR-10 JPEG files equals the network on the training pipeline's images."""
     network, path, _ = resnet20_export
     config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={cifar_folder}", "test_examples=12")
-    split = data.load(config).test
+    split = datasets.load(config).test
     images, _ = next(iter(input_tensorflow.evaluation_batches(split, 12)))
     expected = expected_outputs(network, normalize(images, CIFAR), CIFAR_CLASSES, export.DEFAULT_TOP_K)
     encoded = tf.constant([tf.io.read_file(str(file)).numpy() for file in split.items])

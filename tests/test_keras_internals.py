@@ -1,5 +1,5 @@
 """The one Keras internal the library relies on where Keras has no public API, named: this
-fails, saying which, where a Keras version changes it. (`keras_preact_training.recipe.CoupledSGD`'s
+fails, saying which, where a Keras version changes it. (`keras_preact_training.train.recipe.CoupledSGD`'s
 optimizer methods have their own test in tests/test_weight_decay.py.)
 
 `Layer._flatten_layers` walks a layer's nested layers: `StackedUnits` (keras_preact/stacked.py)

@@ -8,7 +8,8 @@ import pytest
 
 import keras_preact
 from keras_preact import pretrained
-from keras_preact_training import contract, export, litert
+from keras_preact_training import export
+from keras_preact_training.export import contract, litert
 from tests.test_export import BATCH_SIZES, CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
 
 pytest.importorskip(

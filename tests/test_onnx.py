@@ -10,7 +10,8 @@ import pytest
 
 import keras_preact
 from keras_preact import pretrained
-from keras_preact_training import contract, export
+from keras_preact_training import export
+from keras_preact_training.export import contract
 from tests.conftest import KERAS_PREACT
 from tests.test_export import BATCH_SIZES, CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels
 

@@ -68,7 +68,7 @@ def test_a_users_own_training_module_and_the_package_do_not_shadow_each_other(tm
         [
             sys.executable,
             "-c",
-            "import training, keras_preact_training.configs as ours; print(training.WHOSE, sorted(ours.CONFIGS)[0])",
+            "import training, keras_preact_training.train.configs as ours; print(training.WHOSE, sorted(ours.CONFIGS)[0])",
         ],
         cwd=tmp_path,
         capture_output=True,

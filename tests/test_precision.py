@@ -7,7 +7,7 @@ import json
 import keras
 import pytest
 
-from keras_preact_training import configs, loop, precision
+from keras_preact_training.train import configs, loop, precision
 
 DIGITS = configs.get_config("digits_demo", ["duration=2", "evaluate_every=1000", "checkpoint_every=10", "log_every=10"])
 X86_ZEN4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16\n\nprocessor\t: 1\n"
@@ -67,6 +67,7 @@ def test_a_run_records_the_precision_it_chose_and_keeps_it_when_resumed(tmp_path
     monkeypatch.setattr(precision, "cpu_features", lambda: {"avx2"})
     run_dir = tmp_path / "run"
     config = DIGITS.override("precision=auto")
+    keras.backend.clear_session()  # Keras' layer names as in a new process, whatever ran before here
     try:
         loop.train(config.override("duration=1"), str(run_dir), verbose=True)
         assert json.loads((run_dir / "config.json").read_text())["precision"] == "float32"

@@ -195,7 +195,7 @@ def test_every_shipped_file_matches_its_registry_entry():
 def test_the_zoo_table_says_what_each_network_trained_on():
     """A network trained on the JPEG copy says so, with its errors on that copy's test images
     beside the table's, which are on the original ones."""
-    from keras_preact_training import zoo
+    from keras_preact_training.experiments import zoo
 
     assert zoo.trained_on({"test_error": 0.1137}) == "original images"
     assert zoo.trained_on({"test_error": 0.1137, "jpeg_test_error": 0.1225, "jpeg_flip_test_error": 0.109}) == (
@@ -205,7 +205,7 @@ def test_the_zoo_table_says_what_each_network_trained_on():
 
 @pytest.mark.tensorflow
 def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
-    from keras_preact_training import zoo
+    from keras_preact_training.experiments import zoo
 
     def entry(test_error, flip_test_error, data="CIFAR-10", **config):
         recipe = dict(
@@ -277,7 +277,7 @@ def decoded_images(folder):
     """(pixels, labels) of the images of `folder`/<class>/, in the order of their paths, decoded as in training."""
     import tensorflow as tf
 
-    from keras_preact_training import input_tensorflow
+    from keras_preact_training.data import input_tensorflow
 
     paths = sorted(folder.glob("*/*.png"))
     pixels = np.stack([np.array(input_tensorflow.decode_image(tf.io.read_file(str(file)), 3)) for file in paths])
@@ -286,7 +286,8 @@ def decoded_images(folder):
 
 @pytest.mark.tensorflow
 def test_evaluate_gives_the_error_and_per_class_accuracy_of_the_model(shipped, small_cifar, capsys):
-    from keras_preact_training import cli, evaluate
+    from keras_preact_training import cli
+    from keras_preact_training.train import evaluate
 
     trained, path = shipped
     pixels, labels = decoded_images(small_cifar / "test")
@@ -308,7 +309,8 @@ def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_c
     """The shipped ResNet-20 on 100 test images: the flip's error from the mean of each image's
     and its mirror's probabilities (which changes some answers here), the single-crop
     error beside it unchanged."""
-    from keras_preact_training import cli, evaluate
+    from keras_preact_training import cli
+    from keras_preact_training.train import evaluate
 
     network = keras_preact.ResNet20(weights="cifar10", include_preprocessing=True)
     pixels, labels = decoded_images(small_cifar / "test")
@@ -330,7 +332,8 @@ def test_evaluate_flip_classifies_by_the_mean_of_an_image_and_its_mirror(small_c
 def test_evaluate_split_train_measures_the_training_images(small_cifar, capsys):
     """How well the network fits what it learned from: the 50 training images of the small
     folder, not its 100 test ones, in inference mode."""
-    from keras_preact_training import cli, evaluate
+    from keras_preact_training import cli
+    from keras_preact_training.train import evaluate
 
     network = keras_preact.ResNet20(weights="cifar10", include_preprocessing=True)
     pixels, labels = decoded_images(small_cifar / "train")
@@ -351,7 +354,7 @@ def test_evaluate_split_train_measures_the_training_images(small_cifar, capsys):
 def test_evaluate_computes_in_the_precision_asked_and_leaves_keras_policy_alone(small_cifar, monkeypatch):
     """precision="mixed_bfloat16" evaluates as a bfloat16 run evaluated itself: the network
     built in that policy, its predictions the error; Keras' global policy is float32 after."""
-    from keras_preact_training import evaluate
+    from keras_preact_training.train import evaluate
 
     built, get_model = [], keras_preact.get_model
 
@@ -399,7 +402,9 @@ def test_evaluate_refuses_bad_input(shipped, small_cifar, tmp_path, capsys):
 
 @pytest.mark.tensorflow
 def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_path, monkeypatch):
-    from keras_preact_training import cli, evaluate, zoo
+    from keras_preact_training import cli
+    from keras_preact_training.experiments import zoo
+    from keras_preact_training.train import evaluate
 
     monkeypatch.setattr(pretrained, "WEIGHTS_DIRECTORY", str(tmp_path / "weights"))
     monkeypatch.setattr(pretrained, "REGISTRY_FILE", str(tmp_path / "weights" / "registry.json"))
@@ -523,7 +528,9 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
 def test_shipped_weights_export_and_classify_the_docs_images_as_keras_does(shipped, tmp_path, capsys):
     import tensorflow as tf
 
-    from keras_preact_training import cli, contract, export, input_tensorflow
+    from keras_preact_training import cli, export
+    from keras_preact_training.data import input_tensorflow
+    from keras_preact_training.export import contract
 
     trained, _ = shipped
     images = sorted(str(path) for path in (ROOT / "docs" / "cifar10").glob("*.jpg"))
@@ -602,7 +609,7 @@ def test_shipped_network_gives_its_registry_error_on_the_cifar10_test_set(cifar_
     """The accuracy the registry states, single crop and with the test-time flip, measured
     again on all 10,000 CIFAR-10 test images (original pixels), on whichever backend runs the tests (networks
     deeper than DEEPEST_ON_EVERY_BACKEND on TensorFlow)."""
-    from keras_preact_training import evaluate
+    from keras_preact_training.train import evaluate
 
     entry = pretrained.registry()["cifar10"][name]
     result = evaluate.evaluate(name, "cifar10", data_dir=cifar_folder, flip=True)
@@ -616,7 +623,8 @@ def test_shipped_network_gives_its_registry_error_on_the_cifar10_test_set(cifar_
 def test_exported_shipped_network_classifies_real_images_as_keras(cifar_folder, tmp_path, name):
     import tensorflow as tf
 
-    from keras_preact_training import export, input_tensorflow
+    from keras_preact_training import export
+    from keras_preact_training.data import input_tensorflow
 
     paths = [
         os.path.join(cifar_folder, "test", label, f"{index:04d}.png")

@@ -8,7 +8,7 @@ import pytest
 
 import keras_preact
 from keras_preact import defaults
-from keras_preact_training import configs, recipe
+from keras_preact_training.train import configs, recipe
 
 PAPER = configs.CONFIGS["cifar10_paper"]
 
@@ -83,7 +83,7 @@ def test_the_zoo_recipe_is_the_cpu_recipe_with_the_search_choices():
         for field in dataclasses.fields(zoo)
         if getattr(zoo, field.name) != getattr(cpu, field.name)
     }
-    assert changed == dict(schedule="cosine", nesterov=True, weight_decay=5e-4, precision="mixed_bfloat16", duration=60)
+    assert changed == dict(schedule="cosine", nesterov=True, weight_decay=5e-4, precision="auto", duration=60)
     model = recipe.training_model(zoo, (32, 32, 3), 10)
     optimizer = recipe.optimizer(zoo, 390, model)
     assert (optimizer.momentum, optimizer.nesterov) == (0.9, True)

@@ -13,7 +13,9 @@ import keras_tuner
 import numpy as np
 import pytest
 
-from keras_preact_training import ablation, configs, data, recipe, tune
+from keras_preact_training.data import datasets
+from keras_preact_training.experiments import ablation, tune
+from keras_preact_training.train import configs, recipe
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
@@ -70,18 +72,18 @@ def test_trial_config_carries_the_gating_and_bias():
 
 @pytest.mark.parametrize("size, held_out, seed", [(1437, 300, 0), (50000, 5000, 3), (10, 1, 7)])
 def test_validation_split_is_disjoint_from_the_trials_training_data(size, held_out, seed):
-    training, validation = data.validation_split(size, held_out, seed)
+    training, validation = datasets.validation_split(size, held_out, seed)
     assert len(validation) == held_out and len(training) == size - held_out
     assert not set(training) & set(validation)
     np.testing.assert_array_equal(np.sort(np.concatenate([training, validation])), np.arange(size))
-    again, _ = data.validation_split(size, held_out, seed)
+    again, _ = datasets.validation_split(size, held_out, seed)
     np.testing.assert_array_equal(training, again)  # a fixed split for a seed
 
 
 @pytest.mark.parametrize("held_out", [0, 1437, 2000, 2.5])
 def test_bad_validation_size_is_a_clear_error(held_out):
     with pytest.raises(ValueError, match=rf"validation_examples must be .* Received: validation_examples={held_out}"):
-        data.validation_split(1437, held_out, 0)
+        datasets.validation_split(1437, held_out, 0)
 
 
 def test_tiny_search_runs_end_to_end_and_resumes(tmp_path):

@@ -22,10 +22,12 @@ import tensorflow as tf
 from PIL import Image
 
 import keras_preact
-from keras_preact_training import contract, export, input_tensorflow
+from keras_preact_training import export
+from keras_preact_training.data import input_tensorflow
+from keras_preact_training.export import contract
 from keras_preact_training.serving.batching import Batcher
 from keras_preact_training.serving.model import RUNTIMES, ModelServer
-from keras_preact_training.serving.requests import Parsed
+from keras_preact_training.serving.protocol import Parsed
 from keras_preact_training.serving.server import onnx_servable
 from tests.conftest import KERAS_PREACT
 from tests.test_export import CIFAR, CIFAR_CLASSES, calibrated, expected_outputs, normalize, random_pixels

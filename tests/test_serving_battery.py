@@ -24,12 +24,14 @@ from starlette.requests import ClientDisconnect, Request
 
 import keras_preact
 from keras_preact import pretrained
-from keras_preact_training import client as query_client
-from keras_preact_training import contract, export, input_tensorflow
+from keras_preact_training import export
+from keras_preact_training.data import input_tensorflow
+from keras_preact_training.export import contract
+from keras_preact_training.serving import client as query_client
 from keras_preact_training.serving.application import ServingAPI
 from keras_preact_training.serving.batching import LARGE_REQUEST_PIXELS, Batcher
 from keras_preact_training.serving.model import RUNTIMES, ModelServer
-from keras_preact_training.serving.requests import UNDECODABLE, Parsed
+from keras_preact_training.serving.protocol import UNDECODABLE, Parsed
 from keras_preact_training.serving.server import listening_socket
 from tests.conftest import KERAS_PREACT
 from tests.test_export import CIFAR, calibrated, random_pixels

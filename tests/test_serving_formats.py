@@ -16,7 +16,7 @@ from PIL import Image
 import keras_preact
 from keras_preact_training import export
 from keras_preact_training.serving.model import RUNTIMES, ModelServer
-from keras_preact_training.serving.requests import UNDECODABLE, BadRequest
+from keras_preact_training.serving.protocol import UNDECODABLE, BadRequest
 from tests.test_export import calibrated, random_pixels
 from tests.test_serving import b64, export_resnet20
 from tests.test_serving_onnx import PROBABILITY_TOLERANCE

@@ -13,7 +13,7 @@ import tensorflow as tf
 from PIL import Image
 
 from keras_preact_training import export
-from keras_preact_training.contract import Preprocessing
+from keras_preact_training.export.contract import Preprocessing
 from keras_preact_training.serving import images
 from keras_preact_training.serving.model import ModelServer
 from tests.test_export import CIFAR_CLASSES

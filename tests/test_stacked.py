@@ -292,7 +292,7 @@ def test_analysis_measures_looped_units_one_by_one_and_reaches_their_batch_norms
 @pytest.mark.tensorflow
 def test_training_checkpoints_restore_the_stacked_weights(tmp_path):
     """The training loop's checkpoint holds the loops' variables: a resumed run gets them back."""
-    from keras_preact_training import checkpoints
+    from keras_preact_training.train import checkpoints
 
     trained = keras_preact.ResNet20(classes=10, scan_units=True)
     trained(random_images((4, 32, 32, 3)), training=True)  # moving statistics away from 0 and 1

@@ -18,7 +18,9 @@ import tensorflow as tf
 from PIL import Image
 
 from keras_preact import blocks
-from keras_preact_training import cli, command_line, configs, data, input_tensorflow, loop, plots
+from keras_preact_training import cli, command_line, plots
+from keras_preact_training.data import datasets, input_tensorflow
+from keras_preact_training.train import configs, loop
 from tests.conftest import KERAS_PREACT, SHORT_DIGITS_SETTINGS
 
 pytestmark = pytest.mark.tensorflow
@@ -57,7 +59,7 @@ def batches(split, config, first_step, total_steps, context=None):
 
 @pytest.fixture(scope="module")
 def digits():
-    return data.load(DIGITS)
+    return datasets.load(DIGITS)
 
 
 def test_digits_split(digits):
@@ -83,7 +85,7 @@ def test_each_epoch_is_a_new_permutation(digits):
 def as_stream(split):
     """The split as data too large for memory: a tf.data stream, not indexable."""
     stream = tf.data.Dataset.from_tensor_slices((split.items, split.labels))
-    return data.Split(stream=stream, size=split.size)
+    return datasets.Split(stream=stream, size=split.size)
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["indexed", "streamed"])
@@ -134,7 +136,7 @@ def test_imagenet_crops():
 
 
 def test_image_folder(cifar_folder):
-    folder = data.load(
+    folder = datasets.load(
         configs.CONFIGS["cifar10_paper"].override(
             "dataset=folder", f"data_dir={cifar_folder}", "train_examples=1000", "test_examples=100"
         )
@@ -149,7 +151,7 @@ def test_image_folder(cifar_folder):
 
 def test_a_run_names_its_data_by_the_folder_or_the_data_set():
     folder = DIGITS.override("dataset=folder", "data_dir=/data/images/cifar10-png/")
-    assert (data.name(folder), data.name(DIGITS), data.name(configs.CONFIGS["cifar10_paper"])) == (
+    assert (datasets.name(folder), datasets.name(DIGITS), datasets.name(configs.CONFIGS["cifar10_paper"])) == (
         "cifar10-png",
         "digits",
         "cifar10",
@@ -190,7 +192,7 @@ def tfds_cifar10(cifar_folder, tmp_path_factory):
 
 
 def test_tensorflow_datasets_cifar10(tfds_cifar10, tmp_path):
-    dataset = data.load(configs.CONFIGS["cifar10_paper"].override(f"data_dir={tfds_cifar10}"))
+    dataset = datasets.load(configs.CONFIGS["cifar10_paper"].override(f"data_dir={tfds_cifar10}"))
     assert (dataset.train.size, dataset.test.size, dataset.class_names[0]) == (200, 100, "airplane")
     result = run_training(
         "--config",
@@ -217,7 +219,7 @@ def test_tensorflow_datasets_cifar10(tfds_cifar10, tmp_path):
 
 def test_missing_data_directory_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="Received: data_dir="):
-        data.load(DIGITS.override("dataset=folder", f"data_dir={tmp_path / 'nowhere'}"))
+        datasets.load(DIGITS.override("dataset=folder", f"data_dir={tmp_path / 'nowhere'}"))
 
 
 # The real entry point -------------------------------------------------------------------
@@ -443,10 +445,10 @@ FOLDER = {("train", "cat"): 2, ("train", "dog"): 2, ("test", "cat"): 1, ("test",
 def test_image_folder_errors_name_the_folder_or_file(tmp_path, change, message):
     root = image_folder_of(tmp_path / "images", FOLDER)
     config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={root}", "image_size=8")
-    assert data.load(config).class_names == ["cat", "dog"]
+    assert datasets.load(config).class_names == ["cat", "dog"]
     change(root)
     with pytest.raises(ValueError) as error:
-        data.load(config)
+        datasets.load(config)
     assert message.format(root=root) in str(error.value)
 
 
@@ -457,15 +459,15 @@ def test_loading_one_split_decodes_only_its_files(tmp_path, pipeline):
     config = configs.CONFIGS["cifar10_paper"].override(
         "dataset=folder", f"data_dir={root}", "image_size=8", f"input_pipeline={pipeline}"
     )
-    test_only = data.load(config, splits=("test",))
+    test_only = datasets.load(config, splits=("test",))
     assert test_only.train is None and test_only.validation is None
     assert test_only.test.size == 2 and test_only.class_names == ["cat", "dog"]
     with pytest.raises(ValueError, match="The train split holds files that do not decode"):
-        data.load(config, splits=("train",))
+        datasets.load(config, splits=("train",))
     with pytest.raises(
         ValueError, match=r"splits must be some of \['train', 'test'\]. Received: splits=\('validation',\)"
     ):
-        data.load(config, splits=("validation",))
+        datasets.load(config, splits=("validation",))
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
@@ -631,7 +633,7 @@ def test_validation_split_run_evaluates_on_the_held_out_images(tmp_path):
     hours = [float(row["hours"]) for row in rows]
     assert hours == sorted(hours) and hours[-1] == pytest.approx(summary["training_hours"], abs=1e-4)
     config = DIGITS.override("validation_examples=300")
-    held_out = data.load(config).validation
+    held_out = datasets.load(config).validation
     assert held_out.size == 300
     model = keras.saving.load_model(run_dir / "model.keras")
     logits = model.predict(held_out.items.astype("float32"), verbose=0)
@@ -709,7 +711,7 @@ def test_a_run_with_a_weights_average_evaluates_and_saves_the_average(tmp_path, 
         names = list(checkpoint.files)
     model = keras.saving.load_model(tmp_path / "averaged" / "model.keras")
     assert sum("average" in name for name in names) == len(model.trainable_variables)
-    test = data.load(DIGITS).test
+    test = datasets.load(DIGITS).test
     predictions = np.argmax(model.predict(test.items.astype("float32"), verbose=0), axis=-1)
     summary = json.loads((tmp_path / "averaged" / "summary.json").read_text())
     assert summary["test_error"] == pytest.approx(np.mean(predictions != test.labels), abs=1e-9)
@@ -720,11 +722,11 @@ def test_the_average_gets_batchnorm_statistics_of_its_own():
     means over the sample (the sample's mean, batches of equal size) and its moving variance
     the mean of the unbiased batch variances; the layers' momentum is put back."""
     rng = np.random.default_rng(0)
-    split = data.Split(labels=np.zeros(64, np.int64), items=rng.normal(3.0, 2.0, (64, 4, 4, 2)).astype("float32"))
+    split = datasets.Split(labels=np.zeros(64, np.int64), items=rng.normal(3.0, 2.0, (64, 4, 4, 2)).astype("float32"))
     norm = blocks.BatchNorm(momentum=0.9)
     model = keras.Sequential([keras.Input((4, 4, 2)), norm])
     loop.average_statistics(model, split, images=64, batch_size=16)
-    batches = data.subset(split, 64, seed=0, shuffled=True).items.reshape(4, 16 * 4 * 4, 2)
+    batches = datasets.subset(split, 64, seed=0, shuffled=True).items.reshape(4, 16 * 4 * 4, 2)
     np.testing.assert_allclose(norm.moving_mean.numpy(), batches.mean(axis=(0, 1)), rtol=1e-5)
     np.testing.assert_allclose(norm.moving_variance.numpy(), batches.var(axis=1, ddof=1).mean(axis=0), rtol=1e-4)
     assert norm.momentum == 0.9

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import keras_preact as kp
-from keras_preact_training import recipe
+from keras_preact_training.train import recipe
 from tests.conftest import gradients, random_images
 
 LEARNING_RATE, MOMENTUM = 0.1, 0.9
@@ -109,7 +109,7 @@ def test_coupled_sgd_equals_keras_sgd_on_the_regularization_loss(momentum, neste
 def test_a_checkpoint_of_keras_sgd_resumes_with_coupled_sgd(tmp_path):
     """Runs checkpointed before the recipe's optimizer became `CoupledSGD` resume: the
     optimizer variables keep their paths, and every momentum and the step count restore."""
-    from keras_preact_training import checkpoints
+    from keras_preact_training.train import checkpoints
 
     before = tiny_network(DECAY)
     # "sgd": the name of a training process's one SGD (later ones in a process are "sgd_1", ...).
@@ -143,7 +143,7 @@ def test_the_training_loops_step_traces_one_fused_update_per_weight_and_no_l2_lo
 
     import tensorflow as tf
 
-    from keras_preact_training import engines
+    from keras_preact_training.train import engines
 
     def traced_operations(model, optimizer):
         optimizer.build(model.trainable_variables)

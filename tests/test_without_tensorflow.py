@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from keras_preact_training import checkpoints, configs, data, input_numpy
+from keras_preact_training.data import datasets, input_numpy
+from keras_preact_training.train import checkpoints, configs
 from tests.conftest import KERAS_PREACT, SHORT_DIGITS_RUN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,7 +55,7 @@ def test_the_process_has_no_tensorflow():
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 1437, 45000, 50000, 70000, 2**16 + 1, 3_000_000])
 def test_index_shuffle_is_tensorflows(size):
-    """`data.index_shuffle` in NumPy gives TensorFlow's permutation for every seed and epoch."""
+    """`datasets.index_shuffle` in NumPy gives TensorFlow's permutation for every seed and epoch."""
     import tensorflow as tf
 
     for seed, epoch in ((0, 0), (0, 1), (3, 59), (123456789, 300), (2**33 + 5, 7)):
@@ -63,14 +64,14 @@ def test_index_shuffle_is_tensorflows(size):
             tf.constant(positions, tf.int64), seed=tf.constant([seed, epoch], tf.int64), max_index=size - 1
         )
         np.testing.assert_array_equal(
-            data.index_shuffle(positions, (seed, epoch), size - 1),
+            datasets.index_shuffle(positions, (seed, epoch), size - 1),
             expected.numpy(),
             err_msg=f"size {size}, seed {seed}, epoch {epoch}",
         )
 
 
 def test_index_shuffle_is_a_permutation():
-    shuffled = data.index_shuffle(np.arange(1437), (0, 4), 1436)
+    shuffled = datasets.index_shuffle(np.arange(1437), (0, 4), 1436)
     assert sorted(shuffled) == list(range(1437)) and not np.array_equal(shuffled, np.arange(1437))
 
 
@@ -90,10 +91,10 @@ def assert_same_batches(batches, expected):
 @pytest.mark.tensorflow
 def test_both_pipelines_give_the_same_digits_batches():
     """Across an epoch's end (3 steps of 479 an epoch) and from a resumed step."""
-    from keras_preact_training import input_tensorflow
+    from keras_preact_training.data import input_tensorflow
 
     config = DIGITS.override("batch_size=479")
-    split = data.load(config).train
+    split = datasets.load(config).train
     assert_same_batches(
         first_batches(input_numpy, split, config, 0, 7), first_batches(input_tensorflow, split, config, 0, 7)
     )
@@ -128,14 +129,14 @@ def test_both_pipelines_decode_and_resize_image_folders_alike(cifar_folder, tmp_
     """The same batches of JPEGs (Pillow's and TensorFlow's accurate DCT), PNGs and resized
     images, in memory (`input_numpy.prepare`) and decoded batch by batch (a folder too large
     for memory); evaluation batches too."""
-    from keras_preact_training import input_tensorflow
+    from keras_preact_training.data import input_tensorflow
 
     root = folder_with_other_sizes(cifar_folder, tmp_path / "folder")
     config = configs.CONFIGS["cifar10_zoo"].override(f"data_dir={root}", "batch_size=8")
-    numpy_set = data.load(config.override("input_pipeline=numpy"))
-    tensorflow_set = data.load(config.override("input_pipeline=tensorflow"))
+    numpy_set = datasets.load(config.override("input_pipeline=numpy"))
+    tensorflow_set = datasets.load(config.override("input_pipeline=tensorflow"))
     assert numpy_set.train.items.dtype == np.float32 and numpy_set.train.items.shape == (36, 32, 32, 3)
-    assert data.holds_files(tensorflow_set.train)
+    assert datasets.holds_files(tensorflow_set.train)
     expected = first_batches(input_tensorflow, tensorflow_set.train, config, 0, 10)
     assert_same_batches(first_batches(input_numpy, numpy_set.train, config, 0, 10), expected)
     assert_same_batches(first_batches(input_numpy, tensorflow_set.train, config, 0, 10), expected)  # from files
@@ -148,10 +149,10 @@ def test_both_pipelines_decode_and_resize_image_folders_alike(cifar_folder, tmp_
 def test_a_folder_larger_than_memory_stays_files(cifar_folder, tmp_path, monkeypatch):
     root = folder_with_other_sizes(cifar_folder, tmp_path / "folder")
     config = configs.CONFIGS["cifar10_zoo"].override(f"data_dir={root}", "input_pipeline=numpy")
-    in_memory = data.load(config)
+    in_memory = datasets.load(config)
     monkeypatch.setattr(input_numpy, "MEMORY_LIMIT_BYTES", 1000)
-    from_files = data.load(config)
-    assert data.holds_files(from_files.train) and not data.holds_files(in_memory.train)
+    from_files = datasets.load(config)
+    assert datasets.holds_files(from_files.train) and not datasets.holds_files(in_memory.train)
     steps = configs.steps_per_epoch(36, 8)
     assert_same_batches(
         list(input_numpy.training_arrays(from_files.train, config.override("batch_size=8"), steps, 0, 6)),
@@ -166,7 +167,7 @@ def test_unreadable_images_are_named(tmp_path):
         (root / split / "cat" / "0.png").write_bytes(b"not an image")
     config = configs.CONFIGS["cifar10_zoo"].override(f"data_dir={root}", "input_pipeline=numpy")
     with pytest.raises(ValueError, match=r"The train split holds files that do not decode as images .*0\.png"):
-        data.load(config)
+        datasets.load(config)
 
 
 def test_tensorflow_datasets_need_tensorflow():
@@ -175,7 +176,7 @@ def test_tensorflow_datasets_need_tensorflow():
         match="dataset=cifar10 is read through tensorflow-datasets, which needs "
         "TensorFlow. Received: input_pipeline=numpy",
     ):
-        data.load(configs.CONFIGS["cifar10_paper"].override("input_pipeline=numpy"))
+        datasets.load(configs.CONFIGS["cifar10_paper"].override("input_pipeline=numpy"))
 
 
 # Checkpoints ------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ import sys
 
 from keras_preact import quiet_tensorflow
 
-from . import data_folder
 from .command_line import config_from, parser
+from .data import cifar10_folder
 
 # The Keras backends each command's computation runs on; under another one it stops at once
 # with a message that says what runs there instead. Training (`train`) is TensorFlow's
@@ -30,7 +30,7 @@ BACKENDS = {
 # need it (serve: the onnxruntime runtime never does).
 WITHOUT_TENSORFLOW = ("configs", "compare", "data", "query", "serve")
 # Commands that run without TensorFlow under KERAS_BACKEND=jax or torch (images read with
-# NumPy and Pillow, `keras_preact_training.input_numpy`); where it is installed they import it as the rest.
+# NumPy and Pillow, `keras_preact_training.data.input_numpy`); where it is installed they import it as the rest.
 TENSORFLOW_OPTIONAL = ("train", "evaluate")
 
 
@@ -43,7 +43,7 @@ def check_model(config):
 
 
 def train_seeds(config, run_dir, seeds, command=None, allow_config_changes=False):
-    from . import engines, loop
+    from .train import engines, loop
 
     engines.configure(config)
     summaries = []
@@ -117,11 +117,11 @@ def check_data_folder(arguments):
     a warning for a data directory given to the embedded digits, which read none (a warning,
     not an error: the queues pass their data directory to every run they start)."""
     if arguments.command == "evaluate" and arguments.dataset == "folder":
-        data_folder.check_folder(data_folder.or_default(arguments.data_dir))
+        cifar10_folder.check_folder(cifar10_folder.or_default(arguments.data_dir))
     if arguments.command in ("train", "tune"):
         config = config_from(arguments)
         if config.dataset == "folder":
-            data_folder.check_folder(config.data_dir)
+            cifar10_folder.check_folder(config.data_dir)
         if config.dataset == "digits" and config.data_dir is not None:
             print(
                 f"warning: data_dir={config.data_dir!r} is not read: the digits are embedded in scikit-learn "
@@ -160,9 +160,9 @@ def import_tensorflow(verbose, optional=False):
     TensorFlow is not installed, nothing happens (the command runs without it or says why it
     cannot)."""
     if optional:
-        from . import data
+        from .data import datasets
 
-        if not data.tensorflow_installed():
+        if not datasets.tensorflow_installed():
             return
     if verbose:
         quiet_tensorflow.uninstall()
@@ -174,7 +174,7 @@ def import_tensorflow(verbose, optional=False):
 
 
 def train_command(arguments):
-    from . import data_parallel
+    from .train import data_parallel
 
     config = config_from(arguments)
     check_model(config)
@@ -193,7 +193,7 @@ def train_command(arguments):
 
 
 def configs_command(arguments):
-    from . import configs
+    from .train import configs
 
     names = [arguments.name] if arguments.name else list(configs.CONFIGS)
     print("\n\n".join("\n".join(configs.describe(name, every_field=bool(arguments.name))) for name in names))
@@ -201,14 +201,14 @@ def configs_command(arguments):
 
 
 def zoo_command(arguments):
-    from . import zoo
+    from .experiments import zoo
 
     print(zoo.unit_comparison_table() if arguments.units else zoo.markdown_table())
     return 0
 
 
 def diagnose_command(arguments):
-    from . import diagnose
+    from .experiments import diagnose
 
     diagnose.diagnose(
         arguments.output, arguments.depths, arguments.depth, arguments.batch_size, arguments.data_dir, arguments.seed
@@ -218,7 +218,7 @@ def diagnose_command(arguments):
 
 
 def evaluate_command(arguments):
-    from . import evaluate
+    from .train import evaluate
 
     result = evaluate.evaluate(
         arguments.model,
@@ -234,9 +234,9 @@ def evaluate_command(arguments):
 
 
 def data_command(arguments):
-    already = data_folder.is_made(arguments.data_dir)
-    folder = data_folder.extract(arguments.archive, arguments.data_dir)
-    counts = data_folder.counts(folder)
+    already = cifar10_folder.is_made(arguments.data_dir)
+    folder = cifar10_folder.extract(arguments.archive, arguments.data_dir)
+    counts = cifar10_folder.counts(folder)
     print(
         f"{'Already made' if already else 'Made'}: {folder}, {counts['train'][0]:,} training and "
         f"{counts['test'][0]:,} test images in {counts['train'][1]} classes"
@@ -246,7 +246,7 @@ def data_command(arguments):
 
 
 def publish_command(arguments):
-    from . import zoo
+    from .experiments import zoo
 
     entry = zoo.publish(
         arguments.run_dir, arguments.name, arguments.data_dir, images_per_second=arguments.images_per_second
@@ -259,7 +259,7 @@ def publish_command(arguments):
 
 
 def compare_command(arguments):
-    from . import compare
+    from .experiments import compare
 
     table = compare.compare(arguments.run_dirs, arguments.output, arguments.images_per_second, arguments.target)
     for row in table:
@@ -273,7 +273,8 @@ def compare_command(arguments):
 
 def export_command(arguments):
     """Exports a run or shipped weights, reloads the SavedModel and prints its classes of images."""
-    from . import contract, export
+    from . import export
+    from .export import contract
 
     if (arguments.run_dir is None) == (arguments.model is None) or (arguments.model is None) != (
         arguments.weights is None
@@ -366,7 +367,7 @@ def serve_command(arguments):
 
 
 def query_command(arguments):
-    from . import client
+    from .serving import client
 
     predictions = client.query(arguments.server, arguments.model, arguments.images, top_k=arguments.top_k)
     client.print_predictions(arguments.images, predictions)
@@ -374,7 +375,8 @@ def query_command(arguments):
 
 
 def tune_command(arguments):
-    from . import engines, tune
+    from .experiments import tune
+    from .train import engines
 
     config = config_from(arguments)
     check_model(config)
@@ -397,7 +399,7 @@ def tune_command(arguments):
 
 
 def ablate_command(arguments):
-    from . import ablation
+    from .experiments import ablation
 
     ablation.run(
         arguments.table,

@@ -25,7 +25,7 @@ import argparse
 import dataclasses
 import os
 
-from . import data_folder
+from .data import cifar10_folder
 
 # What keras-preact's command line accepts, and the config that `train`'s or `tune`'s parsed
 # arguments name; `cli` runs the commands. The docstring above is `keras-preact --help`'s
@@ -33,7 +33,9 @@ from . import data_folder
 
 
 def parser():
-    from . import configs, contract, defaults
+    from . import defaults
+    from .export import contract
+    from .train import configs
 
     main = argparse.ArgumentParser(
         prog="keras-preact",
@@ -163,7 +165,7 @@ def parser():
     evaluate_parser.add_argument(
         "--data-dir",
         help="the image folder (default: keras-preact data's, "
-        f"{data_folder.CIFAR10_FOLDER}), or tensorflow-datasets' data directory",
+        f"{cifar10_folder.CIFAR10_FOLDER}), or tensorflow-datasets' data directory",
     )
     evaluate_parser.add_argument(
         "--batch-size",
@@ -188,7 +190,7 @@ def parser():
         "data",
         help="make the CIFAR-10 image folder that evaluate and the docs' commands read, from an archive",
         description="Make the image folder (train/<class>/<image> and test/<class>/<image>) that `keras-preact "
-        f"evaluate` reads by default ({data_folder.CIFAR10_FOLDER}), or --data-dir, from CIFAR-10's release for "
+        f"evaluate` reads by default ({cifar10_folder.CIFAR10_FOLDER}), or --data-dir, from CIFAR-10's release for "
         "Python (cifar-10-python.tar.gz, as keras.datasets downloads it: its images become PNG files, the zoo's "
         "data) or from an archive of an image folder; once: a folder already made is left as it is, and a folder "
         "that it did not make is never touched.",
@@ -198,8 +200,8 @@ def parser():
     )
     data_parser.add_argument(
         "--data-dir",
-        default=data_folder.CIFAR10_FOLDER,
-        help=f"where the folder goes (default: {data_folder.CIFAR10_FOLDER})",
+        default=cifar10_folder.CIFAR10_FOLDER,
+        help=f"where the folder goes (default: {cifar10_folder.CIFAR10_FOLDER})",
     )
     publish = command(
         "publish",
@@ -463,7 +465,7 @@ def parser():
 
 
 def add_config_arguments(command, default_model):
-    from . import configs
+    from .train import configs
 
     command.add_argument("--config", default="cifar10_paper", help="the recipe and data (default: cifar10_paper)")
     command.add_argument(
@@ -487,7 +489,7 @@ CONFIG_FLAGS = ("model", "data_dir", "strategy")
 def config_from(arguments):
     """The config that `train`'s or `tune`'s arguments name: --config, its --set overrides (text,
     parsed by each field's type), then the values of the flags `CONFIG_FLAGS`, as given."""
-    from . import configs
+    from .train import configs
 
     config = configs.get_config(arguments.config, arguments.set)
     flags = {field: getattr(arguments, field) for field in CONFIG_FLAGS if getattr(arguments, field) is not None}

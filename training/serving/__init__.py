@@ -13,6 +13,6 @@
     server.py              serve(): asyncio on a listening socket, the runtime chosen
 
 The exported model's contract (its signatures, files and metadata) is
-`keras_preact_training.contract`, which export writes and serving reads. The onnxruntime
+`keras_preact_training.export.contract`, which export writes and serving reads. The onnxruntime
 runtime imports neither TensorFlow nor Keras: a deployment that serves ONNX models needs only onnxruntime, NumPy, Pillow, simplejpeg, Starlette and h11.
 """

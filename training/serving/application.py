@@ -24,10 +24,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..defaults import DEFAULT_MAX_BODY_MEMORY, DEFAULT_MAX_IN_FLIGHT
-from . import memory, requests
+from . import memory, protocol
 from .batching import Batcher
 from .connections import RETRY_AFTER_SECONDS
-from .requests import BadRequest
+from .protocol import BadRequest
 
 # The largest request body read: 64 encoded 224 x 224 JPEGs take about 2 MB.
 MAX_BODY_BYTES = 64 * 2**20
@@ -127,7 +127,7 @@ class ServingAPI:
                 parsed = await loop.run_in_executor(self.parsing, model.parse, body)  # up to 64 MiB: off the loop
                 del body
                 outputs = await unless_client_leaves(request, self.batcher.infer(parsed))
-                return JSONResponse(await loop.run_in_executor(self.parsing, requests.answer, parsed, outputs))
+                return JSONResponse(await loop.run_in_executor(self.parsing, protocol.answer, parsed, outputs))
             finally:
                 self.in_flight -= 1
         finally:

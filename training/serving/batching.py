@@ -4,7 +4,7 @@ import asyncio
 import collections
 import concurrent.futures
 
-from .requests import MAX_REQUEST_PIXELS
+from .protocol import MAX_REQUEST_PIXELS
 
 # Threads that run the network; each batch uses every core through the runtime's own
 # threads, two keep the cores busy while the other thread converts and answers.

@@ -6,10 +6,10 @@ import os
 
 import numpy as np
 
-from .. import contract
 from ..defaults import DEFAULT_MAX_BATCH
-from . import requests
-from .requests import BadRequest
+from ..export import contract
+from . import protocol
+from .protocol import BadRequest
 
 # What runs the network: the SavedModel on TensorFlow, or its ONNX models on onnxruntime
 # (`export --format onnx|all`), each imported only when chosen: the onnxruntime server
@@ -112,20 +112,20 @@ class ModelServer:
             )
 
     def parse(self, body):
-        """A `:predict` request body (bytes) read into a `requests.Parsed` (or a BadRequest)."""
-        return requests.parse(body, contract.SIGNATURES, self.preprocessing.shape, self.max_batch)
+        """A `:predict` request body (bytes) read into a `protocol.Parsed` (or a BadRequest)."""
+        return protocol.parse(body, contract.SIGNATURES, self.preprocessing.shape, self.max_batch)
 
     def predict(self, body):
         """The response to a `:predict` request body (bytes), as a JSON-ready dict, unbatched."""
         parsed = self.parse(body)
-        return requests.answer(parsed, self.infer([parsed])[0])
+        return protocol.answer(parsed, self.infer([parsed])[0])
 
     def infer(self, batch):
-        """The outputs (numpy arrays by name) of each `requests.Parsed` of `batch` (one
+        """The outputs (numpy arrays by name) of each `protocol.Parsed` of `batch` (one
         signature), or the BadRequest that request gets, from one call of the network."""
         if len(batch) > 1:
             try:
-                outputs = self.runtime(batch[0].signature, requests.concatenated(batch))
+                outputs = self.runtime(batch[0].signature, protocol.concatenated(batch))
             except BadRequest:  # one request's images do not decode: each alone says whose
                 return [self.infer([parsed])[0] for parsed in batch]
             ends = np.cumsum([len(parsed) for parsed in batch])

@@ -15,10 +15,10 @@ import numpy as np
 
 from keras_preact.checksums import sha256
 
-from .. import contract
+from ..data import images
 from ..defaults import ONNX_EXTRA
-from . import images
-from .requests import UNDECODABLE, BadRequest
+from ..export import contract
+from .protocol import UNDECODABLE, BadRequest
 
 
 class OnnxRuntime:

@@ -10,7 +10,6 @@ import signal
 import socket
 import sys
 
-from .. import contract
 from ..defaults import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BODY_MEMORY,
@@ -18,6 +17,7 @@ from ..defaults import (
     DEFAULT_PORT,
     DEFAULT_REQUEST_TIMEOUT,
 )
+from ..export import contract
 from . import memory
 from .application import application
 from .connections import Connections

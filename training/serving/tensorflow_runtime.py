@@ -6,8 +6,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from .. import contract
-from .requests import UNDECODABLE, BadRequest
+from ..export import contract
+from .protocol import UNDECODABLE, BadRequest
 
 
 class TensorFlowRuntime:

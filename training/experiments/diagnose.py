@@ -25,7 +25,8 @@ import numpy as np
 import keras_preact
 from keras_preact import analysis, defaults
 
-from . import configs, files
+from .. import files
+from ..train import configs
 
 # The paper's shortcut variants (Table 1), on pre-activation units so that, as in the
 # derivation of Eqns. 7-8, nothing follows the addition: only h differs.
@@ -67,11 +68,11 @@ def real_images(count, data_dir=None):
     """`count` real images as CIFAR networks take them (32x32x3, standardised) and labels:
     CIFAR-10 test images from an image folder, or else the embedded digits scaled up."""
     if data_dir:
-        from . import data
+        from ..data import datasets
 
         config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={data_dir}")
         images, labels = next(
-            iter(data.input_pipeline(config).evaluation_arrays(data.load(config, splits=("test",)).test, 10000))
+            iter(datasets.input_pipeline(config).evaluation_arrays(datasets.load(config, splits=("test",)).test, 10000))
         )
         order = np.random.default_rng(0).permutation(len(labels))[:count]
         images, labels = images[order], labels[order]

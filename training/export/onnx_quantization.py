@@ -3,7 +3,7 @@
 Each float32 ONNX model (`contract.ONNX_MODELS`) is quantized as `contract.ONNX_INT8_SETTINGS`
 says: the QDQ format (quantize and dequantize pairs around each operation, which onnxruntime
 fuses into integer kernels), weights int8 per output channel, activations int8 (S8S8) with
-scales calibrated on images the user names (`keras_preact_training.calibration`); the
+scales calibrated on images the user names (`keras_preact_training.export.calibration`); the
 contract says why signed activations, and docs/benchmarks.md what they cost.
 """
 

@@ -1,5 +1,5 @@
 """The step engines of `keras-preact train`: how one backend builds the training model and runs
-its steps, behind the one interface the loop (`keras_preact_training.loop.train`) uses, `StepEngine`.
+its steps, behind the one interface the loop (`keras_preact_training.train.loop.train`) uses, `StepEngine`.
 
 - `TensorFlowSteps`: Keras' TensorFlow backend under a `tf.distribute` strategy. Keras 3's
   `model.fit` fails under `MultiWorkerMirroredStrategy` (keras-team/keras#20585); a step of
@@ -10,7 +10,7 @@ its steps, behind the one interface the loop (`keras_preact_training.loop.train`
 
 All three compute the same step (the recipe's loss averaged over the batch, the network's own
 losses, the recipe's optimizer) and keep the network in Keras' variables between steps
-(after `synchronize`), which the checkpoints (`keras_preact_training.checkpoints`) save and restore.
+(after `synchronize`), which the checkpoints (`keras_preact_training.train.checkpoints`) save and restore.
 Only `TensorFlowSteps` needs TensorFlow; `configure` sets it up where it is installed.
 """
 
@@ -21,7 +21,8 @@ import numpy as np
 
 from keras_preact import walks
 
-from . import configs, data, data_parallel, precision, recipe
+from ..data import datasets
+from . import configs, data_parallel, precision, recipe
 
 
 class StepEngine(typing.Protocol):
@@ -66,7 +67,7 @@ def configure(config):
     where another backend runs the steps (it reads the images or writes TensorBoard's logs)."""
     keras.config.set_dtype_policy(precision.resolved(config, verbose=False).precision)
     backend = keras.backend.backend()
-    if backend != "tensorflow" and not data.tensorflow_installed():
+    if backend != "tensorflow" and not datasets.tensorflow_installed():
         return
     import tensorflow as tf
 
@@ -217,7 +218,7 @@ class TensorFlowSteps:
         """Nothing to do: the steps run on Keras' variables."""
 
     def start(self, split, steps_per_epoch, first_step, total_steps):
-        from . import input_tensorflow
+        from ..data import input_tensorflow
 
         self.iterator = iter(
             self.strategy.distribute_datasets_from_function(
@@ -278,7 +279,7 @@ class OneDeviceSteps:
         return model, optimizer, recipe.loss(config.label_smoothing, reduction=None)
 
     def start(self, split, steps_per_epoch, first_step, total_steps):
-        self.batches = data.input_pipeline(self.config).training_arrays(
+        self.batches = datasets.input_pipeline(self.config).training_arrays(
             split, self.config, steps_per_epoch, first_step, total_steps, self.shard
         )
 
@@ -289,7 +290,7 @@ class JaxSteps(OneDeviceSteps):
     same computation as `replica_step_function`'s with one replica. The values go back into
     Keras' variables for evaluation and for checkpoints (`synchronize`). On one device, or
     with `strategy="data_parallel"` on every device of every process
-    (`keras_preact_training.data_parallel`): the same function on the global batch split
+    (`keras_preact_training.train.data_parallel`): the same function on the global batch split
     across them.
     """
 

@@ -16,7 +16,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from .. import contract
+from ..export import contract
 
 # Formats decoded to their own channels, then converted (`to_channels`), as `export.decode`
 # does with TensorFlow's GIF and BMP decoders; JPEG and PNG decode to the channels asked.

@@ -21,7 +21,7 @@ import json
 import os
 import re
 
-from . import files
+from .. import files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +180,7 @@ class Preprocessing:
 
     @classmethod
     def of(cls, config, channels):
-        """The evaluation preprocessing of a training config (`keras_preact_training.configs.Config`)."""
+        """The evaluation preprocessing of a training config (`keras_preact_training.train.configs.Config`)."""
         return cls(
             config.image_size,
             channels,

@@ -1,6 +1,6 @@
-"""The NumPy input pipeline: the splits of `keras_preact_training.data` decoded as the onnxruntime server
+"""The NumPy input pipeline: the splits of `keras_preact_training.data.datasets` decoded as the onnxruntime server
 decodes images (`serving.images.decode`: simplejpeg for JPEG, Pillow for the others), in the order of
-`keras_preact_training.data.example_indices`, batched; no TensorFlow.
+`keras_preact_training.data.datasets.example_indices`, batched; no TensorFlow.
 
 It gives the batches `input_tensorflow` gives for the same config, seed and step (tested
 image for image): the same order of examples, the same JPEG decoding (libjpeg-turbo's
@@ -19,8 +19,7 @@ import os
 
 import numpy as np
 
-from . import data
-from .serving import images
+from . import datasets, images
 
 # The largest decoded image folder held in memory; larger ones are decoded batch by batch,
 # after a check that every file decodes, CHECKED_TOGETHER files at a time.
@@ -69,7 +68,7 @@ def decode_files(paths, image_size):
     with concurrent.futures.ThreadPoolExecutor(len(chunks)) as pool:
         decoded = [pixels for chunk in pool.map(decode, chunks) for pixels in chunk]
     if unreadable:
-        raise UnreadableImage(sorted(unreadable)[: data.UNREADABLE_LISTED])
+        raise UnreadableImage(sorted(unreadable)[: datasets.UNREADABLE_LISTED])
     dtype = np.uint8 if all(pixels.dtype == np.uint8 for pixels in decoded) else np.float32
     return (
         np.stack([pixels.astype(dtype, copy=False) for pixels in decoded])
@@ -93,21 +92,21 @@ def prepare(split, name):
             f"The {name} split is a stream of tensorflow-datasets, which only the TensorFlow input "
             "pipeline reads. Received: input_pipeline=numpy"
         )
-    if not data.holds_files(split):
+    if not datasets.holds_files(split):
         return split
     try:
         if split.size * split.image_size**2 * 3 <= MEMORY_LIMIT_BYTES:
-            return data.Split(labels=split.labels, items=decode_files(split.items, split.image_size))
+            return datasets.Split(labels=split.labels, items=decode_files(split.items, split.image_size))
         for start in range(0, split.size, CHECKED_TOGETHER):
             decode_files(split.items[start : start + CHECKED_TOGETHER], split.image_size)
     except UnreadableImage as error:
-        data.raise_for_unreadable(error.args[0], name)
+        datasets.raise_for_unreadable(error.args[0], name)
     return split
 
 
 def gather(split, indices):
     """Images (float32) and labels (int64) of the examples `indices` of `split`."""
-    if data.holds_files(split):
+    if datasets.holds_files(split):
         pixels = decode_files(split.items[indices], split.image_size)
     else:
         pixels = split.items[indices]
@@ -117,7 +116,7 @@ def gather(split, indices):
 def training_arrays(split, config, steps_per_epoch, first_step, total_steps, shard=(0, 1)):
     """The training batches of steps first_step .. total_steps - 1 (counted from 0), as
     `input_tensorflow.training_batches` gives them: step s takes positions [s G, (s + 1) G) of
-    the stream of epochs (`data.example_indices`), G the batch size; `shard` (index, count), of
+    the stream of epochs (`datasets.example_indices`), G the batch size; `shard` (index, count), of
     count processes that share each batch, this one's part, positions [s G + i L, s G + (i + 1) L),
     L = G / count."""
     used = steps_per_epoch * config.batch_size
@@ -125,7 +124,7 @@ def training_arrays(split, config, steps_per_epoch, first_step, total_steps, sha
     part = config.batch_size // count
     for step in range(first_step, total_steps):
         start = step * config.batch_size + index * part
-        yield gather(split, data.example_indices(np.arange(start, start + part), split.size, used, config.seed))
+        yield gather(split, datasets.example_indices(np.arange(start, start + part), split.size, used, config.seed))
 
 
 def evaluation_arrays(split, batch_size):

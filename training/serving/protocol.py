@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from . import containers
+from . import image_formats
 
 # What the images of one request may hold, read from their headers before decoding: one
 # image at most 4096 x 4096 pixels, the request's images together four times that (about
@@ -225,7 +225,7 @@ def checked_images(images, key, channels):
     """The encoded `images` as the network of `channels` decodes them, and their pixels, read
     from their headers (Pillow reads a header without decoding the image): a BadRequest for
     files that are not JPEG, PNG, GIF or BMP, for those the two runtimes would decode
-    differently (`containers.check`), for an image over MAX_IMAGE_PIXELS and for a request over
+    differently (`image_formats.check`), for an image over MAX_IMAGE_PIXELS and for a request over
     MAX_REQUEST_PIXELS. A GIF (`FIRST_FRAME_ONLY`) is replaced by its first frame as PNG,
     decoded here once its size is known to fit, so that no later frame is ever decoded."""
     total, checked = 0, []
@@ -256,7 +256,7 @@ def checked_images(images, key, channels):
                 413,
             )
         try:
-            containers.check(encoded, image_format, mode, channels)
+            image_formats.check(encoded, image_format, mode, channels)
         except ValueError as error:
             raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): {error}") from None
         total += width * height

@@ -1,5 +1,5 @@
-"""The tf.data input pipeline: the splits of `keras_preact_training.data` decoded with TensorFlow, in the
-order of `keras_preact_training.data.example_indices`, sharded over replicas and workers, batched.
+"""The tf.data input pipeline: the splits of `keras_preact_training.data.datasets` decoded with TensorFlow, in the
+order of `keras_preact_training.data.datasets.example_indices`, sharded over replicas and workers, batched.
 
 The default where TensorFlow is installed, and the pipeline of `tf.distribute`
 (`engines.TensorFlowSteps`); `input_numpy` gives the same batches without TensorFlow.
@@ -10,7 +10,8 @@ import socket
 import numpy as np
 import tensorflow as tf
 
-from . import contract, data, data_folder
+from ..export import contract
+from . import cifar10_folder, datasets
 
 # Where a pipeline's decoding runs in parallel; tf.data picks the degree.
 AUTOTUNE = tf.data.AUTOTUNE
@@ -32,14 +33,14 @@ def prepare(split, name):
     Raises:
         ValueError: naming the files of `split` (`name`: "train", "test", ...) that do not decode.
     """
-    data.raise_for_unreadable(unreadable_files(split), name)
+    datasets.raise_for_unreadable(unreadable_files(split), name)
     return split
 
 
-def unreadable_files(split, limit=data.UNREADABLE_LISTED):
+def unreadable_files(split, limit=datasets.UNREADABLE_LISTED):
     """Up to `limit` files of an image-folder split that do not decode as images
     (truncated, corrupt, or not an image at all); [] for splits held in memory."""
-    if not data.holds_files(split):
+    if not datasets.holds_files(split):
         return []
     unreadable = []
     for path in split.items:
@@ -100,7 +101,7 @@ def tfds_dataset(config):
     remedy = (
         f"Download it on a machine with internet access (python -m tensorflow_datasets.scripts."
         f"download_and_prepare --datasets={config.dataset}) and pass its data directory with --data-dir, or "
-        f"train with --set dataset=folder on {data_folder.ROUTE}"
+        f"train with --set dataset=folder on {cifar10_folder.ROUTE}"
     )
     if not builder.is_prepared() and config.dataset in DOWNLOAD_HOSTS:
         # Offline, tensorflow-datasets retries its download for minutes before it fails.
@@ -127,13 +128,13 @@ def tfds_dataset(config):
         size = builder.info.splits[split].num_examples
         if size <= IN_MEMORY_EXAMPLES:
             encoded, labels = zip(*stream.as_numpy_iterator())
-            splits[name] = data.Split(
+            splits[name] = datasets.Split(
                 items=np.array(encoded, dtype=object), labels=np.array(labels, "int64"), decode=decode
             )
         else:
-            splits[name] = data.Split(stream=stream, size=size, decode=decode)
+            splits[name] = datasets.Split(stream=stream, size=size, decode=decode)
     class_names = builder.info.features["label"].names
-    return data.DataSet(splits["train"], splits["test"], class_names, (config.image_size, config.image_size, 3))
+    return datasets.DataSet(splits["train"], splits["test"], class_names, (config.image_size, config.image_size, 3))
 
 
 def decoder(config, image_feature, training):
@@ -175,7 +176,7 @@ def examples_from(split, seed, used, first_position, end_position):
     """(item, label) at positions first_position .. end_position - 1 of the stream of epochs.
 
     Each epoch is the first `used` examples of a permutation of the split: for indexed
-    data a stateless index shuffle of (seed, epoch) (`data.index_shuffle` computes the
+    data a stateless index shuffle of (seed, epoch) (`datasets.index_shuffle` computes the
     same in NumPy for `input_numpy`), which a resumed run skips into
     without reading what it skips; for a stream a seeded shuffle buffer, reshuffled each
     epoch, which a resumed run reads (without decoding) up to its position.
@@ -203,7 +204,7 @@ def decoding(split):
     decoding at the split's `image_size`, or pixels cast."""
     if split.decode is not None:
         return split.decode
-    if data.holds_files(split):
+    if datasets.holds_files(split):
         return decode_file(split.image_size)
     return lambda image: tf.cast(image, tf.float32)
 

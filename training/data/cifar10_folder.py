@@ -20,7 +20,7 @@ import tempfile
 import zipfile
 import zlib
 
-from . import cifar_release
+from . import cifar10_release
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "keras-preact")
@@ -195,8 +195,8 @@ def folder_within(scratch, archive):
     written from the CIFAR-10 release found at either (`cifar_release`)."""
     entries = [entry.path for entry in os.scandir(scratch) if entry.is_dir()]
     for candidate in [scratch] + (entries if len(entries) == 1 else []):
-        if cifar_release.is_release(candidate):
-            return cifar_release.write_image_folder(candidate, os.path.join(scratch, ".images"))
+        if cifar10_release.is_release(candidate):
+            return cifar10_release.write_image_folder(candidate, os.path.join(scratch, ".images"))
         with contextlib.suppress(FileNotFoundError):
             check_folder(candidate)
             return candidate

@@ -1,9 +1,9 @@
 """The training loop of `keras-preact train`, on Keras' TensorFlow, JAX or PyTorch backend.
 
-Each backend runs the steps through its engine (`keras_preact_training.engines`: `tf.distribute` on
+Each backend runs the steps through its engine (`keras_preact_training.train.engines`: `tf.distribute` on
 TensorFlow, one device on JAX and PyTorch); everything else (data, evaluation, logs,
 checkpoints, resuming) is one loop, `train`. Nothing here imports TensorFlow: under JAX or
-PyTorch a run needs only NumPy and Pillow to read its images (`keras_preact_training.input_numpy`).
+PyTorch a run needs only NumPy and Pillow to read its images (`keras_preact_training.data.input_numpy`).
 """
 
 import csv
@@ -19,7 +19,9 @@ import numpy as np
 
 from keras_preact import walks
 
-from . import checkpoints, configs, data, defaults, engines, files, plots, precision, recipe
+from .. import defaults, files, plots
+from ..data import datasets
+from . import checkpoints, configs, engines, precision, recipe
 
 # test_* or validation_*: the split a run evaluates on (`Config.validation_examples`); hours: of
 # training steps, summed over the sessions of a resumed run.
@@ -71,7 +73,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     Under Keras' TensorFlow backend the steps run under the `tf.distribute` strategy of
     `config.strategy` (`engines.TensorFlowSteps`); under JAX and PyTorch, on one device
     (`engines.JaxSteps`, `engines.TorchSteps`). All write the same checkpoints
-    (`keras_preact_training.checkpoints`), so a run started under one backend resumes under another.
+    (`keras_preact_training.train.checkpoints`), so a run started under one backend resumes under another.
 
     A run records its config in `run_dir/config.json` when it starts; a resumed run whose
     config differs from it in a field outside `RESUMABLE_CHANGES` is refused, unless
@@ -89,7 +91,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     if steps.chief:
         files.make_directory(run_dir, "run folder")
         check_resumed_config(config, run_dir, allow_config_changes, verbose)
-    dataset = data.load(config)
+    dataset = datasets.load(config)
     steps_per_epoch = configs.steps_per_epoch(dataset.train.size, config.batch_size)
     total_steps = config.total_steps(steps_per_epoch)
     keras.utils.set_random_seed(config.seed)
@@ -103,7 +105,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     steps.loaded()
     first_step = int(keras.ops.convert_to_numpy(optimizer.iterations))
     per_example_loss = recipe.loss(reduction=None)
-    pipeline = data.input_pipeline(config)
+    pipeline = datasets.input_pipeline(config)
 
     # A run with a validation split never reads the test set.
     evaluated_on = "test" if dataset.validation is None else "validation"
@@ -205,14 +207,14 @@ def average_statistics(
     every batch mixes the classes), in training mode: BatchNorm statistics of the weights
     `model` holds. Each call k (from 0) runs with momentum k / (k + 1), so the moving
     statistic after it is the mean of the k + 1 batches' (the unbiased variances, as in
-    training). `pipeline` reads the split (`data.input_pipeline`; None: `input_numpy`, for
+    training). `pipeline` reads the split (`datasets.input_pipeline`; None: `input_numpy`, for
     splits of pixels or files)."""
     if pipeline is None:
-        from . import input_numpy as pipeline
+        from ..data import input_numpy as pipeline
     norms = walks.batch_norms(model)
     momenta = [norm.momentum for norm in norms]
     try:
-        sample = data.subset(split, images, seed=0, shuffled=True)
+        sample = datasets.subset(split, images, seed=0, shuffled=True)
         for index, (batch, _) in enumerate(pipeline.evaluation_arrays(sample, batch_size)):
             for norm in norms:
                 norm.momentum = index / (index + 1)
@@ -287,7 +289,7 @@ class TrainingLog:
             writer.writeheader()
             writer.writerows(rows)
         self.writer = None
-        if data.tensorflow_installed():
+        if datasets.tensorflow_installed():
             import tensorflow as tf
 
             self.summary = tf.summary
@@ -327,7 +329,7 @@ class TrainingLog:
         if not self.chief:
             return summary
         plots.training_curves(
-            self.csv_path, os.path.join(self.run_dir, "curves.png"), title=f"{config.model} on {data.name(config)}"
+            self.csv_path, os.path.join(self.run_dir, "curves.png"), title=f"{config.model} on {datasets.name(config)}"
         )
         model.save(os.path.join(self.run_dir, "model.keras"))
         with open(os.path.join(self.run_dir, "summary.json"), "w") as file:

@@ -5,7 +5,7 @@ normalises them with CIFAR-10's statistics, as the CIFAR configs train) and load
 keras-preact's shipped weights (`--weights cifar10`, checked against their SHA-256) or a
 `.weights.h5` file saved from the same network. The test split (or, with `split="train"`,
 the training split: how well the network fits what it learned from, in inference mode) is
-read in its order, decoded as in training (`keras_preact_training.data`), one original image each (no
+read in its order, decoded as in training (`keras_preact_training.data.datasets`), one original image each (no
 augmentation). With `flip`, the error of the test-time flip is measured too: each image's
 class from the mean of its probabilities and its mirror image's (as many CIFAR zoos
 report); the single-crop error stays the headline.
@@ -19,8 +19,9 @@ import numpy as np
 
 import keras_preact
 
-from . import configs, data, data_folder
-from .defaults import EVALUATION_BATCH_SIZE, EVALUATION_SPLITS
+from ..data import cifar10_folder, datasets
+from ..defaults import EVALUATION_BATCH_SIZE, EVALUATION_SPLITS
+from . import configs
 
 
 def evaluate(
@@ -41,7 +42,7 @@ def evaluate(
         dataset: "folder" (`data_dir/{train,test}/<class>/*.jpg`) or "cifar10"
             (tensorflow-datasets, `data_dir` its data directory).
         data_dir: the folder (by default `keras-preact data`'s,
-            `keras_preact_training.data_folder.CIFAR10_FOLDER`), or tensorflow-datasets' data directory.
+            `keras_preact_training.data.cifar10_folder.CIFAR10_FOLDER`), or tensorflow-datasets' data directory.
         batch_size: images per inference batch.
         flip: also measure `flip_error`, from the mean of the softmax probabilities
             of each image and of its horizontal mirror.
@@ -79,12 +80,12 @@ def evaluate(
             f"{sorted(keras_preact.pretrained.DATASETS)}. Received: weights={weights!r}"
         )
     if dataset == "folder":
-        data_dir = data_folder.or_default(data_dir)
+        data_dir = cifar10_folder.or_default(data_dir)
     config = configs.get_config("cifar10_cpu", [f"dataset={dataset}"])
     if data_dir is not None:
         config = config.override(f"data_dir={data_dir}")
     loading_started = time.perf_counter()
-    data_set = data.load(config, splits=(split,))
+    data_set = datasets.load(config, splits=(split,))
     names = list(data_set.class_names)
     if shipped is not None and names != list(shipped["classes"]):
         raise ValueError(
@@ -109,7 +110,7 @@ def evaluate(
     started = time.perf_counter()
     loading_seconds = started - loading_started
     # As NumPy, which every Keras backend takes.
-    for images, labels in data.input_pipeline(config).evaluation_arrays(getattr(data_set, split), batch_size):
+    for images, labels in datasets.input_pipeline(config).evaluation_arrays(getattr(data_set, split), batch_size):
         logits = np.asarray(model.predict_on_batch(images), "float32")
         predicted = np.argmax(logits, axis=-1)
         np.add.at(counts, labels, 1)

@@ -10,7 +10,7 @@ else the run's own logged hours.
 
 import os
 
-from . import files, plots
+from .. import files, plots
 
 # "Close to the best": within this many points of the lowest final error of the runs compared.
 MARGIN_POINTS = 1.0

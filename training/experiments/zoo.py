@@ -22,7 +22,9 @@ import numpy as np
 import keras_preact
 from keras_preact import checksums, pretrained
 
-from . import data, evaluate, files, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
+from .. import files
+from ..data import datasets
+from ..train import evaluate
 
 # Published CIFAR-10 test errors (%) of each depth of the zoo, for its tables: the paper's, by
 # unit, as (error, source): He et al. 2015 ("Deep Residual Learning for Image Recognition",
@@ -128,7 +130,7 @@ def curve_images(registry=None):
 
 
 # Config fields that say how a run was logged, where its files were, or which kernels and
-# layout computed the same network (to float rounding, `keras_preact_training.configs.Config`), not what it trained.
+# layout computed the same network (to float rounding, `keras_preact_training.train.configs.Config`), not what it trained.
 NOT_RECIPE = (
     "model",
     "unit",
@@ -198,7 +200,7 @@ DATA_DESCRIPTION = (
 def user_data_dir(data_dir):
     """A data directory as a user names it: the folder's own name ("cifar10-png"), without
     the machine's path to it; None stays None (tensorflow-datasets' default)."""
-    return None if data_dir is None else data.folder_name(data_dir)
+    return None if data_dir is None else datasets.folder_name(data_dir)
 
 
 def user_command(command, data_dir=True):

@@ -27,7 +27,7 @@ def check_seed(seed):
 
 
 # scikit-learn's 8x8 digits scaled to 0-255 (16 grey levels x 255 / 16): the mean and
-# standard deviation of the 1,437 training images (measured, `keras_preact_training.data`'s split).
+# standard deviation of the 1,437 training images (measured, `keras_preact_training.data.datasets`'s split).
 DIGITS_MEAN = (77.89,)
 DIGITS_STD = (95.71,)
 # Fig. 2's ways for shortcut and residual branch to combine: a config's `merge` -> the layer
@@ -41,10 +41,10 @@ MERGES = {
     "shortcut_only_gating": lambda config: keras_preact.ShortcutOnlyGating(gate_bias=float(config.gate_bias)),
     "shortcut_dropout": lambda config: keras_preact.ShortcutDropout(float(config.shortcut_dropout), seed=config.seed),
 }
-# Keras dtype policies a network trains (and `keras_preact_training.evaluate` evaluates) in.
+# Keras dtype policies a network trains (and `keras_preact_training.train.evaluate` evaluates) in.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-# The strategies a run trains under: tf.distribute's (`keras_preact_training.engines.make_strategy`),
-# and under JAX Keras' data parallelism (`keras_preact_training.data_parallel`).
+# The strategies a run trains under: tf.distribute's (`keras_preact_training.train.engines.make_strategy`),
+# and under JAX Keras' data parallelism (`keras_preact_training.train.data_parallel`).
 TENSORFLOW_STRATEGIES = ("default", "one_device", "mirrored", "multi_worker", "tpu")
 STRATEGIES = (*TENSORFLOW_STRATEGIES, "data_parallel")
 
@@ -140,13 +140,13 @@ class Config:
         strategy: under TensorFlow, the tf.distribute strategy: "default", "one_device",
             "mirrored", "multi_worker" or "tpu"; under JAX, "default" (one device) or
             "data_parallel" (Keras' `keras.distribution.DataParallel` over every device of
-            every process, `keras_preact_training.data_parallel`).
+            every process, `keras_preact_training.train.data_parallel`).
         cpu_devices: split the CPU into this many logical devices (for "mirrored").
         synchronized_batch_norm: BatchNorm statistics over all replicas; the paper
             computes them per GPU (64 images of a batch of 128), the default.
         precision: "float32", "mixed_bfloat16" or "mixed_float16"; or "auto": mixed_bfloat16
             where the device that trains computes bfloat16 natively, float32 elsewhere
-            (`keras_preact_training.precision`; a run records what it resolved to).
+            (`keras_preact_training.train.precision`; a run records what it resolved to).
         xla: compile the training step with XLA.
         fused_batch_norm: BatchNorm through TensorFlow's fused kernel where it applies
             (`keras_preact.blocks.BatchNorm`); false for the portable `keras.ops` path.

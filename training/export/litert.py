@@ -4,7 +4,7 @@ and microcontrollers: uint8 pixels [batch, H, W, C] (0-255) in, float32 probabil
 TensorFlow's converter writes them (`tf.lite.TFLiteConverter`) in three precisions:
 float32; float16 (weights stored in half precision, computed in float32 where the device has
 no half-precision arithmetic); and full-integer int8 (every operation in 8-bit integers,
-scales calibrated on images the user names, `keras_preact_training.calibration`), the only
+scales calibrated on images the user names, `keras_preact_training.export.calibration`), the only
 kind integer-only accelerators run. LiteRT's own interpreter (the `ai-edge-litert` package,
 not TensorFlow's deprecated `tf.lite.Interpreter`) runs and checks each file, and needs
 no TensorFlow to (`LiteRTModel`).
@@ -15,8 +15,8 @@ import warnings
 
 import numpy as np
 
+from ..defaults import LITERT_EXTRA
 from . import contract
-from .defaults import LITERT_EXTRA
 
 # The largest difference of probabilities between the float32 LiteRT model under LiteRT's
 # interpreter and the network it was converted from: float32 rounding only.

@@ -4,7 +4,7 @@ Augmentation and normalisation are Keras layers inside the training model, the
 learning-rate schedule is a Keras `LearningRateSchedule`, the weight decay is set in
 the network (`keras_preact.defaults.weight_regularizer`) and the optimizer applies it
 (`CoupledSGD`): `model.fit` on in-memory arrays trains with the paper's recipe under
-TensorFlow, JAX or PyTorch. The TensorFlow loop of `keras_preact_training.loop` uses the same objects
+TensorFlow, JAX or PyTorch. The TensorFlow loop of `keras_preact_training.train.loop` uses the same objects
 under `tf.distribute`.
 """
 
@@ -201,7 +201,7 @@ class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def schedule(config, steps_per_epoch):
-    """The learning-rate schedule of `config` (see `keras_preact_training.configs.Config`)."""
+    """The learning-rate schedule of `config` (see `keras_preact_training.train.configs.Config`)."""
     if config.schedule == "cosine":
         return WarmupCosineDecay(
             config.scaled_learning_rate,
@@ -352,7 +352,7 @@ def training_model(config, input_shape, classes, seed=None):
 
     Example, the recipe with plain `model.fit` on arrays (any backend):
 
-    >>> config = keras_preact_training.configs.CONFIGS["cifar10_paper"]
+    >>> config = keras_preact_training.train.configs.CONFIGS["cifar10_paper"]
     >>> model = training_model(config, (32, 32, 3), classes=10)
     >>> model.compile(optimizer(config, 390, model), loss(), metrics=["accuracy"])
     >>> model.fit(images, labels, batch_size=128, epochs=164)  # images: pixels 0-255

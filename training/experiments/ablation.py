@@ -2,7 +2,7 @@
 
 Each table is data: rows (variants, as `Config` overrides) and the networks and data
 sets they run on, with the paper's test error for each cell. The runner trains every
-cell for every seed with `keras_preact_training.loop.train` (each run resumes from its checkpoints,
+cell for every seed with `keras_preact_training.train.loop.train` (each run resumes from its checkpoints,
 and a finished run is read back, so an interrupted ablation goes on where it stopped),
 then writes `table<N>.md` and `table<N>.csv` (median and mean +- std final-epoch test
 error next to the paper's) and `table<N>_curves.png` (test error and training loss of
@@ -22,7 +22,8 @@ import statistics
 
 import keras_preact
 
-from . import configs, files, plots
+from .. import files, plots
+from ..train import configs
 
 # The paper reports a run whose test error exceeds 20 % as "fail" (Table 1).
 FAIL_ERROR = 20.0
@@ -204,7 +205,7 @@ def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(),
         ValueError: for an unknown table or model, or a bad override, before anything is
             read or trained.
     """
-    from . import engines, loop
+    from ..train import engines, loop
 
     if table_number not in TABLES:
         raise ValueError(f"table must be one of {sorted(TABLES)}. Received: table={table_number!r}")

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from .data_folder import IMAGE_EXTENSIONS, ROUTE, check_folder
+from .cifar10_folder import IMAGE_EXTENSIONS, ROUTE, check_folder
 
 # Examples held back as the test split of the digits (the last 360 of scikit-learn's
 # 1,797, about 20 % and 33-37 of each class).
@@ -76,7 +76,7 @@ def load(config, splits=("train", "test")):
     image is an error that names it before training, not a traceback of the pipeline.
 
     Args:
-        config: a `keras_preact_training.configs.Config`.
+        config: a `keras_preact_training.train.configs.Config`.
         splits: the splits read, of "train" (with its validation split) and "test"; the
             others are `None` and their files are not decoded (evaluating the test split
             need not decode 50,000 training images).

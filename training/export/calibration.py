@@ -13,7 +13,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from . import input_tensorflow
+from ..data import input_tensorflow
 
 # The file types read from a folder of calibration images (what TensorFlow decodes).
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")

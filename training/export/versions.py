@@ -2,9 +2,9 @@
 
 `export_saved_model` writes `<directory>/<version>/`, the versioned layout of TF Serving
 (`saved_models/<name>/<version>/` by default), with Keras 3's `keras.export.ExportArchive`
-and the three signatures of `keras_preact_training.contract`, which share one traced network. Encoded
+and the three signatures of `keras_preact_training.export.contract`, which share one traced network. Encoded
 images are decoded, resized or cropped and normalised inside the graph with the functions
-and layers of training (`keras_preact_training.data`, `keras_preact_training.recipe`). Every signature returns
+and layers of training (`keras_preact_training.data.datasets`, `keras_preact_training.train.recipe`). Every signature returns
 `logits`, `probabilities`, `class_ids` (the arg max), and the top-k `classes` (names,
 stored in the graph) with their `scores`. `metadata.json` beside
 `saved_model.pb` records the model, the class names, the input and its preprocessing,
@@ -15,8 +15,8 @@ convolutions before them (`keras_preact.fold_batch_norms`): the same outputs to 
 rounding, fewer operations per image. `fold_batch_norms=False` exports it as it trains.
 
 Beside the SavedModel (or instead of it, `formats`), the pixel signatures go out as ONNX
-models (`export_onnx`, int8 ones beside them: `keras_preact_training.onnx_quantization`) and
-`predict_pixels` as LiteRT models (`keras_preact_training.litert`), each precision recorded in
+models (`export_onnx`, int8 ones beside them: `keras_preact_training.export.onnx_quantization`) and
+`predict_pixels` as LiteRT models (`keras_preact_training.export.litert`), each precision recorded in
 metadata.json with its file and SHA-256 (`contract.PRECISIONS`).
 """
 
@@ -36,9 +36,12 @@ import tensorflow as tf
 import keras_preact
 from keras_preact import checksums, pretrained
 
-from . import calibration, configs, contract, data, files, input_tensorflow, litert, recipe
+from .. import files
+from ..data import datasets, input_tensorflow
+from ..defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS, ONNX_EXTRA
+from ..train import configs, recipe
+from . import calibration, contract, litert
 from .contract import MODEL_NAME, PRECISIONS, Preprocessing, versions
-from .defaults import DEFAULT_DIRECTORY, DEFAULT_TOP_K, EXPORT_FORMATS, ONNX_EXTRA
 
 # What `--format` writes into a version folder: the SavedModel, ONNX models, LiteRT models, or all.
 FORMATS = {
@@ -58,7 +61,7 @@ CROP_FUNCTIONS = {"resize": input_tensorflow.resize, "central_crop": input_tenso
 
 
 def normalization_layer(preprocessing):
-    """The training model's normalisation layer (`keras_preact_training.recipe.normalization`) of a
+    """The training model's normalisation layer (`keras_preact_training.train.recipe.normalization`) of a
     `contract.Preprocessing`."""
     layer = recipe.normalization(preprocessing.normalization_mean, preprocessing.normalization_std)
     layer.build((None, *preprocessing.shape))
@@ -66,7 +69,7 @@ def normalization_layer(preprocessing):
 
 
 def decode(preprocessing, encoded):
-    """Encoded bytes -> float32 pixels (0-255) of the network's size, as `keras_preact_training.input_tensorflow`.
+    """Encoded bytes -> float32 pixels (0-255) of the network's size, as `keras_preact_training.data.input_tensorflow`.
 
     JPEG and PNG decoders convert to `channels` themselves (`input_tensorflow.decode_image`); GIF and
     BMP decode to their own channels (GIF: RGB; BMP: grey, RGB or RGBA), converted here:
@@ -159,7 +162,7 @@ def export_saved_model(
             (ONNX and LiteRT). Each must be offered by one of `formats`.
         calibration_images: for int8, the images that calibrate it: files, folders of them,
             or uint8 pixels [count, H, W, C], of the network's size
-            (`keras_preact_training.calibration`); a few hundred training images.
+            (`keras_preact_training.export.calibration`); a few hundred training images.
         verbose: print where the model went and how long it took.
 
     Returns:
@@ -704,7 +707,7 @@ def example_image(run_dir):
     config = run_config(
         files.read_json(os.path.join(run_dir, "summary.json"), "train the run again, or restore the file")
     )
-    dataset = data.load(dataclasses.replace(config, test_examples=None), splits=("test",))
+    dataset = datasets.load(dataclasses.replace(config, test_examples=None), splits=("test",))
     split = dataset.test
     item, label = (split.items[0], split.labels[0]) if split.items is not None else next(iter(split.stream))
     item = item.numpy() if hasattr(item, "numpy") else item

@@ -7,7 +7,7 @@ keras-tuner `HyperModel` spans exactly those values for each gating; every trial
 with the config's recipe (`model.fit` on in-memory images, the recipe's layers,
 schedule and weight decay) on the training set less a held-out validation split, and
 its objective is the error on that split, never the test set. The best (gating, b_g) is
-then trained on the whole training set with `keras_preact_training.loop.train` and evaluated on the
+then trained on the whole training set with `keras_preact_training.train.loop.train` and evaluated on the
 test set. keras-tuner keeps its state in the output folder: the same command run again
 resumes the search, skipping finished trials, and the final run resumes from its
 checkpoints.
@@ -35,8 +35,10 @@ import keras_tuner
 import numpy as np
 import tensorflow as tf
 
-from . import ablation, configs, data, engines, input_tensorflow, loop, recipe
-from .defaults import DEFAULT_VALIDATION_EXAMPLES, GATINGS
+from ..data import datasets, input_tensorflow
+from ..defaults import DEFAULT_VALIDATION_EXAMPLES, GATINGS
+from ..train import configs, engines, loop, recipe
+from . import ablation
 
 # b_g from 0 to -10 in steps of -1 (paper, Section 3.1).
 GATE_BIASES = tuple(range(0, -11, -1))
@@ -282,8 +284,10 @@ def search(
     if not isinstance(rounds, int) or rounds < 1 or (tuner == "hyperband" and rounds < 3):
         raise ValueError(f"rounds must be a positive integer (at least 3 for hyperband). Received: rounds={rounds!r}")
     check_gate_biases(gate_biases)
-    dataset = data.load(config, splits=("train",))
-    training_indices, validation_indices = data.validation_split(dataset.train.size, validation_examples, config.seed)
+    dataset = datasets.load(config, splits=("train",))
+    training_indices, validation_indices = datasets.validation_split(
+        dataset.train.size, validation_examples, config.seed
+    )
     images, labels = in_memory(dataset.train)
     training = images[training_indices], labels[training_indices]
     validation = images[validation_indices], labels[validation_indices]

@@ -1,0 +1,6 @@
+"""The paper's experiments and the zoo: Table 1's gate-bias search (keras-tuner), the tables'
+ablations, the signal-propagation diagnosis, the comparison of runs by time to accuracy, and
+the model zoo's publishing and tables.
+
+Imports `train`, `data`, `export` and the package's base modules; `commands` and `cli`
+import it."""

@@ -1,10 +1,11 @@
-"""Encoded images to the network's input with simplejpeg, Pillow and NumPy, as the SavedModel's
-`serving_default` computes it with TensorFlow (`export.decode`), for the onnxruntime
-runtime, which imports neither TensorFlow nor Keras.
+"""Encoded images to the network's input with simplejpeg, Pillow and NumPy: the one decoder
+of the NumPy input pipeline, int8 calibration and the onnxruntime server (which imports
+neither TensorFlow nor Keras), computing what the SavedModel's `serving_default` computes
+with TensorFlow (`input_tensorflow.decode_image` and the export's resize and crop).
 
-The pixels equal TensorFlow's for every file the server accepts (`containers.check` refuses
-those where they would not): JPEG (both decode with libjpeg-turbo's accurate integer DCT,
-here through simplejpeg), PNG, GIF (its first frame, `requests.first_frame_png`) and BMP, to
+The pixels equal TensorFlow's for every file the server accepts (`serving.image_formats.check`
+refuses those where they would not): JPEG (both decode with libjpeg-turbo's accurate integer
+DCT, here through simplejpeg), PNG, GIF (its first frame, `serving.protocol.first_frame_png`) and BMP, to
 1 or 3 channels; the resize is TensorFlow's bilinear resize
 (`tf.image.resize`: half-pixel centres, no antialiasing) in float32, in TensorFlow's order
 of operations (tests/test_serving_onnx.py compares them pixel for pixel).
@@ -16,8 +17,12 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from ..export import contract
-
+# How encoded images reach the network's size: resized where their size differs (CIFAR,
+# the digits, image folders), or ImageNet's evaluation crop: the shorter side resized to
+# RESIZE_RATIO of the network's size, then the central square (He et al. 2016, section 4.2,
+# after Krizhevsky et al. 2012: 256 for 224).
+CROPS = ("resize", "central_crop")
+RESIZE_RATIO = 256 / 224
 # Formats decoded to their own channels, then converted (`to_channels`), as `export.decode`
 # does with TensorFlow's GIF and BMP decoders; JPEG and PNG decode to the channels asked.
 OWN_CHANNELS = ("GIF", "BMP")
@@ -151,14 +156,14 @@ def axis_weights(size, new_size):
 
 def crop(pixels, preprocessing):
     """uint8 pixels of any size -> float32 [image_size, image_size, channels], as
-    `preprocessing.crop` does in training (`contract.CROPS`)."""
+    `preprocessing.crop` does in training (`CROPS`)."""
     size = preprocessing.image_size
     height, width = pixels.shape[:2]
     if preprocessing.crop == "resize":
         if (height, width) == (size, size):
             return pixels.astype(np.float32)
         return resize_bilinear(pixels, size, size)
-    scale = np.float32(size * contract.RESIZE_RATIO) / np.float32(min(height, width))
+    scale = np.float32(size * RESIZE_RATIO) / np.float32(min(height, width))
     new_height, new_width = (int(np.round(np.float32(side) * scale)) for side in (height, width))
     resized = resize_bilinear(pixels, new_height, new_width)
     top, left = max(new_height - size, 0) // 2, max(new_width - size, 0) // 2

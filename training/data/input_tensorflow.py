@@ -10,8 +10,7 @@ import socket
 import numpy as np
 import tensorflow as tf
 
-from ..export import contract
-from . import cifar10_folder, datasets
+from . import cifar10_folder, datasets, images
 
 # Where a pipeline's decoding runs in parallel; tf.data picks the degree.
 AUTOTUNE = tf.data.AUTOTUNE
@@ -167,7 +166,7 @@ def random_resized_crop(image, image_size):
 
 def central_crop(image, image_size):
     shape = tf.cast(tf.shape(image)[:2], tf.float32)
-    scale = image_size * contract.RESIZE_RATIO / tf.reduce_min(shape)
+    scale = image_size * images.RESIZE_RATIO / tf.reduce_min(shape)
     resized = tf.image.resize(image, tf.cast(tf.round(shape * scale), tf.int32))
     return tf.image.resize_with_crop_or_pad(resized, image_size, image_size)
 

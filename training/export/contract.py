@@ -22,6 +22,7 @@ import os
 import re
 
 from .. import files
+from ..data import images
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,12 +140,8 @@ def onnx_models(metadata, precision="float32"):
 MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 # The highest version: TF Serving reads a version folder's name (ASCII digits) as an int64.
 MAXIMUM_VERSION = 2**63 - 1
-# How encoded images reach the network's size: resized where their size differs (CIFAR,
-# the digits, image folders), or ImageNet's evaluation crop: the shorter side resized to
-# RESIZE_RATIO of the network's size, then the central square (He et al. 2016, section 4.2,
-# after Krizhevsky et al. 2012: 256 for 224).
-CROPS = ("resize", "central_crop")
-RESIZE_RATIO = 256 / 224
+# How encoded images reach the network's size (their one home: `data.images`).
+CROPS, RESIZE_RATIO = images.CROPS, images.RESIZE_RATIO
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,6 @@ PLACES = {
     "serving": 4,
     "experiments": 5,
     "commands": 6,
-    "command_line": 6,
     "cli": 6,
     "__main__": 6,
 }

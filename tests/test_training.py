@@ -18,7 +18,8 @@ import tensorflow as tf
 from PIL import Image
 
 from keras_preact import blocks
-from keras_preact_training import cli, command_line, plots
+from keras_preact_training import commands, plots
+from keras_preact_training.commands import arguments
 from keras_preact_training.data import datasets, input_tensorflow
 from keras_preact_training.train import configs, loop
 from tests.conftest import KERAS_PREACT, SHORT_DIGITS_SETTINGS
@@ -511,8 +512,8 @@ def test_bad_input_exits_with_a_clear_message(tmp_path, arguments, message):
 
 @pytest.mark.parametrize("command", ["train", "tune"])
 def test_a_data_dir_given_to_the_digits_is_named_as_not_read(capsys, command):
-    cli.check_data_folder(
-        command_line.parser().parse_args([command, "--config", "digits_demo", "--data-dir", "/nowhere"])
+    arguments.check_config_data(
+        commands.parser().parse_args([command, "--config", "digits_demo", "--data-dir", "/nowhere"])
     )
     assert capsys.readouterr().err == (
         "warning: data_dir='/nowhere' is not read: the digits are embedded in scikit-learn (--data-dir is read "
@@ -520,12 +521,12 @@ def test_a_data_dir_given_to_the_digits_is_named_as_not_read(capsys, command):
     )
 
 
-def test_training_under_jax_refuses_a_strategy_of_several_devices(tmp_path):
+def test_training_under_jax_refuses_a_strategy_of_tf_distribute(tmp_path):
     result = run_training("--run-dir", str(tmp_path / "run"), "--strategy", "mirrored", backend="jax")
     assert result.returncode == 2
     assert (
-        "error: Under KERAS_BACKEND=jax, keras-preact train runs on one device (strategy 'default' or "
-        "'one_device'). Received: strategy='mirrored'."
+        "error: Under KERAS_BACKEND=jax, keras-preact train runs with strategy 'default' or 'one_device' or "
+        "'data_parallel'. Received: strategy='mirrored'."
     ) in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
@@ -752,7 +753,7 @@ def test_help_configs_and_argument_errors_answer_without_tensorflow():
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.stdout.splitlines()[-1] == "[]", result.stderr[-2000:]
-    assert "cifar10_cpu: The zoo's recipe on a CPU" in result.stdout
+    assert "cifar10_cpu: The paper's CIFAR-10 recipe shortened for a CPU" in result.stdout
     assert "  decay_factor = 0.1  # the step schedule's factor at each boundary (the paper: 0.1)." in result.stdout
     assert "argument --seeds: invalid int value: 'many'" in result.stderr
 

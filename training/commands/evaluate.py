@@ -1,0 +1,74 @@
+"""`keras-preact evaluate`: the test (or training-set) error and per-class accuracy of shipped
+weights or a weights file."""
+
+from .. import defaults
+from ..data import cifar10_folder
+
+HELP = "test (or training-set) error and per-class accuracy of shipped weights or a weights file"
+DESCRIPTION = (
+    "Evaluate a network with keras-preact's shipped weights (--weights cifar10, checked against "
+    "their SHA-256) or a .weights.h5 file saved from the same network on the test split (or, with --split "
+    "train, the training split) of a CIFAR-10-like data set: 0-255 pixels normalised with CIFAR-10's "
+    "statistics inside the model, one original image each."
+)
+TENSORFLOW = "optional"
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def add_arguments(parser):
+    parser.add_argument("--model", required=True, help="the network, a name of keras_preact.list_models()")
+    parser.add_argument(
+        "--weights", default="cifar10", help="'cifar10' for the shipped weights (default), or a .weights.h5 file"
+    )
+    parser.add_argument(
+        "--dataset",
+        default="folder",
+        choices=["folder", "cifar10"],
+        help="an image folder data_dir/{train,test}/<class>/ (default), or tensorflow-datasets' cifar10",
+    )
+    parser.add_argument(
+        "--data-dir",
+        help="the image folder (default: keras-preact data's, "
+        f"{cifar10_folder.CIFAR10_FOLDER}), or tensorflow-datasets' data directory",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=defaults.EVALUATION_BATCH_SIZE,
+        help=f"images per inference batch (default: {defaults.EVALUATION_BATCH_SIZE})",
+    )
+    parser.add_argument(
+        "--flip",
+        action="store_true",
+        help="also report the error of the test-time flip: each image's class from the mean "
+        "of its and its mirror image's probabilities",
+    )
+    parser.add_argument(
+        "--split",
+        default="test",
+        choices=list(defaults.EVALUATION_SPLITS),
+        help="the split measured: test (default), or train for how well the network fits "
+        "its training images (inference mode, no augmentation)",
+    )
+
+
+def check(arguments):
+    """The image folder, checked before TensorFlow loads."""
+    if arguments.dataset == "folder":
+        cifar10_folder.check_folder(cifar10_folder.or_default(arguments.data_dir))
+
+
+def run(arguments):
+    from ..train import evaluate
+
+    result = evaluate.evaluate(
+        arguments.model,
+        arguments.weights,
+        arguments.dataset,
+        arguments.data_dir,
+        arguments.batch_size,
+        arguments.flip,
+        arguments.split,
+    )
+    print("\n".join(evaluate.report(arguments.model, arguments.weights, result)))
+    return 0

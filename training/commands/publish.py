@@ -1,0 +1,35 @@
+"""`keras-preact publish`: a finished CIFAR-10 run's network into the model zoo."""
+
+HELP = "put a finished CIFAR-10 run's network into the model zoo (keras_preact/weights)"
+DESCRIPTION = (
+    "Save the network of a finished CIFAR-10 run as keras_preact/weights/cifar10_<name>.weights.h5 "
+    "and register it (SHA-256, test error of the saved file, the run's config, command and hours), so that "
+    "keras_preact.get_model(name, weights='cifar10') loads it."
+)
+TENSORFLOW = "always"
+BACKENDS = None
+
+
+def add_arguments(parser):
+    parser.add_argument("--run-dir", required=True, help="a finished run of `keras-preact train`")
+    parser.add_argument("--name", required=True, help="the network's name, e.g. resnet20 or resnet20_original")
+    parser.add_argument("--data-dir", help="the run's data, to evaluate the saved file (default: the run's)")
+    parser.add_argument(
+        "--images-per-second",
+        type=float,
+        help="the network's training rate measured alone on the machine that trained it "
+        "(python bench/training_throughput.py): the entry records the hours alone",
+    )
+
+
+def run(arguments):
+    from ..experiments import zoo
+
+    entry = zoo.publish(
+        arguments.run_dir, arguments.name, arguments.data_dir, images_per_second=arguments.images_per_second
+    )
+    print(
+        f"Published {arguments.name}: {entry['file']} ({entry['bytes'] / 2**20:.1f} MB, sha256 "
+        f"{entry['sha256'][:16]}), test error {100 * entry['test_error']:.2f} %."
+    )
+    return 0

@@ -1,0 +1,95 @@
+"""`keras-preact serve`: an exported model over TF Serving's REST API."""
+
+from .. import defaults
+
+HELP = "serve an exported model over TF Serving's REST API"
+DESCRIPTION = (
+    "Serve the highest version of a model folder at /v1/models/<name> with TF Serving's REST "
+    'API (GET status and metadata, POST :predict with instances or inputs, images as {"b64": ...}).'
+)
+# TensorFlow only where the runtime chosen is TensorFlow's (`run`): the onnxruntime one never imports it.
+TENSORFLOW = "never"
+BACKENDS = None
+
+
+def add_arguments(parser):
+    from ..export import contract
+
+    parser.add_argument("model_dir", help="the model's folder, e.g. saved_models/digits_resnet20")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=defaults.DEFAULT_PORT,
+        help=f"port (default: {defaults.DEFAULT_PORT}, TF Serving's REST port)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=defaults.DEFAULT_MAX_BATCH,
+        help=f"most instances per request (default: {defaults.DEFAULT_MAX_BATCH})",
+    )
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=defaults.DEFAULT_MAX_IN_FLIGHT,
+        help="most prediction requests parsed, queued or running at once; past it, 503 with "
+        f"Retry-After (default: {defaults.DEFAULT_MAX_IN_FLIGHT})",
+    )
+    parser.add_argument(
+        "--max-body-memory",
+        type=int,
+        default=defaults.DEFAULT_MAX_BODY_MEMORY,
+        help="most mebibytes of prediction request bodies held at once, each counted as it arrives; "
+        f"past it, 503 with Retry-After (default: {defaults.DEFAULT_MAX_BODY_MEMORY})",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=defaults.DEFAULT_REQUEST_TIMEOUT,
+        help="seconds a request has to arrive whole, headers and body; past it, 408 and the "
+        f"connection closed (default: {defaults.DEFAULT_REQUEST_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=("auto", "tensorflow", "onnxruntime"),
+        default="auto",
+        help="what runs the network: the SavedModel on TensorFlow, or the ONNX models of "
+        "`export --format onnx|all` on onnxruntime (default auto: onnxruntime where the "
+        "highest version has them and the onnx extra is installed)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=contract.PRECISIONS["onnx"],
+        default="float32",
+        help="the ONNX models to serve: float32 (default), or int8 (`export --quantize int8`; onnxruntime only)",
+    )
+    parser.add_argument(
+        "--no-batching",
+        dest="batching",
+        action="store_false",
+        help="run every request alone (by default, requests that wait while the network is "
+        "busy run together as one batch)",
+    )
+
+
+def run(arguments):
+    from ..cli import import_tensorflow
+    from ..serving import server
+
+    if not server.serves_onnx(arguments.model_dir, arguments.runtime, arguments.precision):
+        import_tensorflow(arguments.verbose)
+    server.serve(
+        arguments.model_dir,
+        arguments.host,
+        arguments.port,
+        arguments.max_batch,
+        arguments.verbose,
+        arguments.max_in_flight,
+        arguments.request_timeout,
+        arguments.batching,
+        arguments.runtime,
+        arguments.precision,
+        arguments.max_body_memory,
+    )
+    return 0

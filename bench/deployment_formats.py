@@ -180,7 +180,7 @@ def main():
     instructions = dot_product_instructions()
     print(machine())
     print(
-        f"onnxruntime {onnxruntime.__version__}, ai-edge-litert {export.export_versions(('litert',))['ai_edge_litert']}; "
+        f"onnxruntime {onnxruntime.__version__}, ai-edge-litert {export.FORMATS['litert'].package_versions()['ai_edge_litert']}; "
         f"integer dot-product instructions: {', '.join(instructions) or 'none (no VNNI)'}"
     )
     pixels, labels = test_set(arguments.data_dir)
@@ -198,8 +198,8 @@ def main():
             path = export.export_shipped(
                 model,
                 output=output,
-                formats=export.FORMATS["all"],
-                precisions=("float32", *contract.QUANTIZED),
+                formats=export.chosen("all"),
+                precisions=("float32", *export.quantized_precisions()),
                 calibration_images=calibration,
                 verbose=False,
             )

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 import keras_preact
 from keras_preact_training import export
+from keras_preact_training.export import versions
 from keras_preact_training.train import configs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -65,7 +66,7 @@ def exported(name, directory, formats=("saved_model",), fold_batch_norms=True):
     return path, dict(
         build_s=build,
         export_s=export_seconds,
-        megabytes=export.directory_megabytes(path),
+        megabytes=versions.directory_megabytes(path),
         reload_s=reload_seconds,
         reload_and_first_prediction_s=first_prediction,
     )

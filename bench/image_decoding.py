@@ -6,7 +6,7 @@
 Four photographs-like JPEGs (smooth colour fields with noise, quality 90) and PNGs of
 `--size` x `--size` pixels, the most one request may hold (`requests.MAX_REQUEST_PIXELS`),
 each decoded and resized to 32 x 32 as `serving_default` does: by the SavedModel's
-TensorFlow decoding (`export.decode`), and by the onnxruntime runtime's (`images.decode`
+TensorFlow decoding (`input_tensorflow.decode_encoded`), and by the onnxruntime runtime's (`images.decode`
 then `images.crop`: simplejpeg for JPEG, Pillow for PNG), with Pillow's JPEG decoding beside
 them (what the onnxruntime runtime used before simplejpeg). Prints the median seconds of
 `--repeats` and each against TensorFlow's, and the machine.
@@ -62,9 +62,9 @@ def main():
     import tensorflow as tf
     from PIL import Image
 
-    from keras_preact_training import export
+    from keras_preact_training.data import images as serving_images
+    from keras_preact_training.data import input_tensorflow
     from keras_preact_training.export.contract import Preprocessing
-    from keras_preact_training.serving import images as serving_images
 
     preprocessing = Preprocessing(32, 3, (0.0,) * 3, (1.0,) * 3)
     encoded = images(arguments.size)
@@ -73,7 +73,7 @@ def main():
     )
 
     def tensorflow(batch):
-        return [export.decode(preprocessing, tf.constant(image)).numpy() for image in batch]
+        return [input_tensorflow.decode_encoded(preprocessing, tf.constant(image)).numpy() for image in batch]
 
     def onnxruntime(batch):
         return [serving_images.crop(serving_images.decode(image, 3), preprocessing) for image in batch]

@@ -36,11 +36,9 @@ import onnxruntime
 import tensorflow as tf
 
 import keras_preact
-from keras_preact_training import (
-    configs,
-    contract,
-    export,
-)
+from keras_preact_training import export
+from keras_preact_training.export import contract, networks, versions
+from keras_preact_training.train import configs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from training_throughput import machine
@@ -63,7 +61,7 @@ def exports(network, directory):
             seconds = time.perf_counter() - started
             onnx_file = os.path.join(path, contract.onnx_file("predict_normalized"))
             megabytes = (
-                export.directory_megabytes(path) if kind == "saved_model" else os.path.getsize(onnx_file) / 2**20
+                versions.directory_megabytes(path) if kind == "saved_model" else os.path.getsize(onnx_file) / 2**20
             )
             results[kind, label] = (seconds, megabytes, path)
     return results
@@ -116,7 +114,7 @@ def main():
             if re.search(r"conv3[/_]kernel$", weight.path):
                 weight.assign(weight * 0.1)
         pixels = np.random.default_rng(0).integers(0, 256, size=(64, *CIFAR.shape)).astype("float32")
-        normalized = np.asarray(export.normalization_layer(CIFAR)(pixels), "float32")
+        normalized = np.asarray(networks.normalization_layer(CIFAR)(pixels), "float32")
         keras_preact.analysis.set_batch_norm_statistics(network, normalized)
         with tempfile.TemporaryDirectory() as directory:
             exported = exports(network, os.path.join(directory, name))

@@ -440,7 +440,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
         [
             sys.executable,
             "-c",
-            "import sys, keras; from keras_preact_training import zoo; keras.saving.load_model(sys.argv[1])",
+            "import sys, keras; from keras_preact_training.experiments import zoo; keras.saving.load_model(sys.argv[1])",
             str(run_dir / "model.keras"),
         ],
         cwd=ROOT,

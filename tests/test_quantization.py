@@ -14,9 +14,8 @@ from PIL import Image
 import keras_preact
 from keras_preact import pretrained
 from keras_preact_training import cli, export
-from keras_preact_training.data import input_tensorflow
+from keras_preact_training.data import images, input_tensorflow
 from keras_preact_training.export import calibration, contract, litert
-from keras_preact_training.serving import images
 from keras_preact_training.serving.model import ModelServer
 from tests.test_export import CIFAR, CIFAR_CLASSES, random_pixels
 from tests.test_serving_battery import swap_onnx_files

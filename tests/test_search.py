@@ -439,9 +439,9 @@ def test_bad_ablation_arguments_exit_with_a_message(tmp_path):
 
 
 def test_the_command_line_offers_every_tuner():
-    from keras_preact_training import defaults
+    from keras_preact_training import experiments
 
-    assert tuple(tune.TUNERS) == defaults.TUNER_NAMES
+    assert tuple(tune.TUNERS) == experiments.TUNER_NAMES
 
 
 def test_the_search_walks_the_gate_biases_asked_for(tmp_path):

@@ -26,7 +26,7 @@ import keras_preact
 from keras_preact import pretrained
 from keras_preact_training import export
 from keras_preact_training.data import input_tensorflow
-from keras_preact_training.export import contract
+from keras_preact_training.export import contract, saved_model
 from keras_preact_training.serving import client as query_client
 from keras_preact_training.serving.application import ServingAPI
 from keras_preact_training.serving.batching import LARGE_REQUEST_PIXELS, Batcher
@@ -429,7 +429,7 @@ def test_a_gif_is_answered_as_the_saved_model_decodes_it(served, exported):
         gifs.append(encoded.getvalue())
     status, answer = client.post(PATH, {"instances": [b64(gif) for gif in gifs]})
     assert status == 200, answer
-    expected = export.predict_encoded(str(exported / "1"), gifs)["probabilities"]
+    expected = saved_model.predict_encoded(str(exported / "1"), gifs)["probabilities"]
     for prediction, probabilities in zip(answer["predictions"], expected, strict=True):
         np.testing.assert_allclose(prediction["probabilities"], probabilities, atol=1e-5)
 

@@ -12,9 +12,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from keras_preact_training import export
+from keras_preact_training.data import images, input_tensorflow
 from keras_preact_training.export.contract import Preprocessing
-from keras_preact_training.serving import images
 from keras_preact_training.serving.model import ModelServer
 from tests.test_export import CIFAR_CLASSES
 from tests.test_serving import ROOT, Client, b64, export_resnet20, free_port, stop_server
@@ -71,11 +70,11 @@ def image_battery(seed=0):
 @pytest.mark.parametrize("channels", [3, 1])
 @pytest.mark.parametrize("size, crop", [(32, "resize"), (37, "resize"), (24, "central_crop")])
 def test_pillow_and_numpy_preprocess_every_format_as_the_saved_model_does(channels, size, crop):
-    """`images.decode` and `images.crop` against `export.decode` (TensorFlow's decoders and
-    resize): the same pixels, every format and channel layout, resized or not."""
+    """`images.decode` and `images.crop` against `input_tensorflow.decode_encoded` (TensorFlow's
+    decoders and resize): the same pixels, every format and channel layout, resized or not."""
     preprocessing = Preprocessing(size, channels, (0.0,) * channels, (1.0,) * channels, crop)
     for name, image in image_battery().items():
-        expected = export.decode(preprocessing, tf.constant(image)).numpy()
+        expected = input_tensorflow.decode_encoded(preprocessing, tf.constant(image)).numpy()
         received = images.crop(images.decode(image, channels), preprocessing)
         assert received.dtype == np.float32 and received.shape == expected.shape, name
         np.testing.assert_allclose(received, expected, atol=1e-3, err_msg=name)

@@ -1,7 +1,7 @@
 """`keras-preact evaluate`: the test (or training-set) error and per-class accuracy of shipped
 weights or a weights file."""
 
-from .. import defaults
+from .. import train
 from ..data import cifar10_folder
 
 HELP = "test (or training-set) error and per-class accuracy of shipped weights or a weights file"
@@ -34,8 +34,8 @@ def add_arguments(parser):
     parser.add_argument(
         "--batch-size",
         type=int,
-        default=defaults.EVALUATION_BATCH_SIZE,
-        help=f"images per inference batch (default: {defaults.EVALUATION_BATCH_SIZE})",
+        default=train.EVALUATION_BATCH_SIZE,
+        help=f"images per inference batch (default: {train.EVALUATION_BATCH_SIZE})",
     )
     parser.add_argument(
         "--flip",
@@ -46,7 +46,7 @@ def add_arguments(parser):
     parser.add_argument(
         "--split",
         default="test",
-        choices=list(defaults.EVALUATION_SPLITS),
+        choices=list(train.EVALUATION_SPLITS),
         help="the split measured: test (default), or train for how well the network fits "
         "its training images (inference mode, no augmentation)",
     )

@@ -1,7 +1,7 @@
 """`keras-preact export`: a finished run or shipped weights as a TF Serving version folder
 (SavedModel, ONNX, LiteRT), reloaded and checked."""
 
-from .. import defaults
+from .. import export
 
 HELP = "export a trained run or shipped weights as a SavedModel for TF Serving, then check it"
 DESCRIPTION = (
@@ -16,8 +16,6 @@ BACKENDS = ("tensorflow",)
 
 
 def add_arguments(parser):
-    from ..export import contract
-
     parser.add_argument("--run-dir", help="a finished run of `keras-preact train`")
     parser.add_argument("--model", help="a network with shipped weights, e.g. resnet20 (with --weights)")
     parser.add_argument("--weights", choices=["cifar10"], help="the shipped weights of --model")
@@ -29,21 +27,21 @@ def add_arguments(parser):
     )
     parser.add_argument(
         "--output",
-        default=defaults.DEFAULT_DIRECTORY,
-        help=f"folder of exported models (default: {defaults.DEFAULT_DIRECTORY})",
+        default=export.DEFAULT_DIRECTORY,
+        help=f"folder of exported models (default: {export.DEFAULT_DIRECTORY})",
     )
     parser.add_argument("--name", help="model name, the folder TF Serving serves (default: <dataset>_<model>)")
     parser.add_argument("--version", type=int, help="version number (default: one more than the highest there)")
     parser.add_argument(
         "--top-k",
         type=int,
-        default=defaults.DEFAULT_TOP_K,
-        help=f"classes each prediction lists (default: {defaults.DEFAULT_TOP_K})",
+        default=export.DEFAULT_TOP_K,
+        help=f"classes each prediction lists (default: {export.DEFAULT_TOP_K})",
     )
     parser.add_argument(
         "--format",
-        choices=defaults.EXPORT_FORMATS,
-        default=defaults.EXPORT_FORMATS[0],
+        choices=export.format_names(),
+        default=export.format_names()[0],
         help="saved_model (default), onnx (the pixel signatures as ONNX models in <version>/"
         "onnx/, checked with onnxruntime; needs keras-preact[onnx]), litert (predict_pixels as "
         "LiteRT models in <version>/litert/, checked with LiteRT's interpreter; needs "
@@ -52,7 +50,7 @@ def add_arguments(parser):
     parser.add_argument(
         "--quantize",
         nargs="+",
-        choices=contract.QUANTIZED,
+        choices=export.quantized_precisions(),
         default=[],
         metavar="PRECISION",
         help="also write these precisions beside float32, in the formats that offer them: float16 "
@@ -76,7 +74,7 @@ def add_arguments(parser):
 
 def run(arguments):
     """Exports a run or shipped weights, reloads the SavedModel and prints its classes of images."""
-    from ..export import contract, versions
+    from ..export import contract, saved_model, versions
 
     if (arguments.run_dir is None) == (arguments.model is None) or (arguments.model is None) != (
         arguments.weights is None
@@ -88,8 +86,8 @@ def run(arguments):
         )
     if arguments.name is not None:
         versions.checked_name(arguments.name)
-    images = versions.read_image_files(arguments.images or [])
-    formats = versions.FORMATS[arguments.format]
+    images = saved_model.read_image_files(arguments.images or [])
+    formats = export.chosen(arguments.format)
     if "int8" not in arguments.quantize and arguments.calibration_images:
         raise ValueError(
             "--calibration-images calibrate int8 only: add --quantize int8. Received: --quantize "
@@ -112,16 +110,13 @@ def run(arguments):
             **options,
         )
     metadata = contract.read_metadata(path)
-    if "onnx" in formats:
-        onnx_files = [*metadata["onnx"]["files"].values()]
-        for precision in metadata["onnx"].get("quantized", {}):
-            onnx_files += contract.onnx_models(metadata, precision)["files"].values()
-        print(f"ONNX models (checked with onnxruntime against the network): {', '.join(onnx_files)} in {path}")
-    if "litert" in formats:
-        print(
-            "LiteRT models (checked with LiteRT's interpreter against the network): "
-            f"{', '.join(metadata['litert']['files'].values())} in {path}"
-        )
+    for name in formats:
+        if name != "saved_model":
+            written = ", ".join(export.FORMATS[name].written(metadata))
+            checked = export.FORMATS[name].checked_by
+            print(
+                f"{export.FORMATS[name].files_name} (checked with {checked} against the network): {written} in {path}"
+            )
     if "saved_model" in formats:
         print_classes(arguments, path, images)
     return 0
@@ -129,16 +124,16 @@ def run(arguments):
 
 def print_classes(arguments, path, images):
     """The reloaded SavedModel's classes of `images` (--images), or of the run's first test image."""
-    from ..export import versions
+    from ..export import saved_model, versions
 
     if arguments.images:
         width = max(len(image) for image in arguments.images)
         print("The reloaded SavedModel's classes:")
-        for image, ranked in zip(arguments.images, versions.classify(path, images)):
+        for image, ranked in zip(arguments.images, saved_model.classify(path, images)):
             print(f"  {image:<{width}}  " + ", ".join(f"{name} {score:.1%}" for name, score in ranked[:3]))
     elif arguments.run_dir is not None:
         image, label = versions.example_image(arguments.run_dir)
-        outputs = versions.predict_encoded(path, [image])
+        outputs = saved_model.predict_encoded(path, [image])
         ranked = ", ".join(
             f"{name.decode()} {score:.1%}" for name, score in zip(outputs["classes"][0], outputs["scores"][0])
         )

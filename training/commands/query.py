@@ -1,6 +1,6 @@
 """`keras-preact query`: image files sent to a TF Serving REST endpoint, its top-k classes printed."""
 
-from .. import defaults
+from .. import export, serving
 
 HELP = "send image files to a TF Serving REST endpoint, print top-k classes"
 TENSORFLOW = "never"
@@ -10,13 +10,13 @@ BACKENDS = None
 def add_arguments(parser):
     parser.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP)")
     parser.add_argument("--model", required=True, help="the served model's name")
-    server = f"http://127.0.0.1:{defaults.DEFAULT_PORT}"
+    server = f"http://127.0.0.1:{serving.DEFAULT_PORT}"
     parser.add_argument("--server", default=server, help=f"default: {server}")
     parser.add_argument(
         "--top-k",
         type=int,
-        default=defaults.DEFAULT_TOP_K,
-        help=f"classes to print per image (default: {defaults.DEFAULT_TOP_K})",
+        default=export.DEFAULT_TOP_K,
+        help=f"classes to print per image (default: {export.DEFAULT_TOP_K})",
     )
 
 

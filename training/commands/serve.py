@@ -1,6 +1,6 @@
 """`keras-preact serve`: an exported model over TF Serving's REST API."""
 
-from .. import defaults
+from .. import export, serving
 
 HELP = "serve an exported model over TF Serving's REST API"
 DESCRIPTION = (
@@ -13,42 +13,40 @@ BACKENDS = None
 
 
 def add_arguments(parser):
-    from ..export import contract
-
     parser.add_argument("model_dir", help="the model's folder, e.g. saved_models/digits_resnet20")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument(
         "--port",
         type=int,
-        default=defaults.DEFAULT_PORT,
-        help=f"port (default: {defaults.DEFAULT_PORT}, TF Serving's REST port)",
+        default=serving.DEFAULT_PORT,
+        help=f"port (default: {serving.DEFAULT_PORT}, TF Serving's REST port)",
     )
     parser.add_argument(
         "--max-batch",
         type=int,
-        default=defaults.DEFAULT_MAX_BATCH,
-        help=f"most instances per request (default: {defaults.DEFAULT_MAX_BATCH})",
+        default=serving.DEFAULT_MAX_BATCH,
+        help=f"most instances per request (default: {serving.DEFAULT_MAX_BATCH})",
     )
     parser.add_argument(
         "--max-in-flight",
         type=int,
-        default=defaults.DEFAULT_MAX_IN_FLIGHT,
+        default=serving.DEFAULT_MAX_IN_FLIGHT,
         help="most prediction requests parsed, queued or running at once; past it, 503 with "
-        f"Retry-After (default: {defaults.DEFAULT_MAX_IN_FLIGHT})",
+        f"Retry-After (default: {serving.DEFAULT_MAX_IN_FLIGHT})",
     )
     parser.add_argument(
         "--max-body-memory",
         type=int,
-        default=defaults.DEFAULT_MAX_BODY_MEMORY,
+        default=serving.DEFAULT_MAX_BODY_MEMORY,
         help="most mebibytes of prediction request bodies held at once, each counted as it arrives; "
-        f"past it, 503 with Retry-After (default: {defaults.DEFAULT_MAX_BODY_MEMORY})",
+        f"past it, 503 with Retry-After (default: {serving.DEFAULT_MAX_BODY_MEMORY})",
     )
     parser.add_argument(
         "--request-timeout",
         type=float,
-        default=defaults.DEFAULT_REQUEST_TIMEOUT,
+        default=serving.DEFAULT_REQUEST_TIMEOUT,
         help="seconds a request has to arrive whole, headers and body; past it, 408 and the "
-        f"connection closed (default: {defaults.DEFAULT_REQUEST_TIMEOUT:g})",
+        f"connection closed (default: {serving.DEFAULT_REQUEST_TIMEOUT:g})",
     )
     parser.add_argument(
         "--runtime",
@@ -60,7 +58,7 @@ def add_arguments(parser):
     )
     parser.add_argument(
         "--precision",
-        choices=contract.PRECISIONS["onnx"],
+        choices=export.FORMATS["onnx"].precisions,
         default="float32",
         help="the ONNX models to serve: float32 (default), or int8 (`export --quantize int8`; onnxruntime only)",
     )

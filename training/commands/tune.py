@@ -3,7 +3,7 @@ trained and tested."""
 
 import os
 
-from .. import defaults
+from .. import experiments
 from .arguments import check_config_data, check_model, config_from
 
 HELP = "search the gates' bias b_g (Table 1) with keras-tuner, then train and test the best"
@@ -36,16 +36,16 @@ def add_arguments(parser):
     parser.add_argument(
         "--gatings",
         nargs="+",
-        default=list(defaults.GATINGS),
+        default=list(experiments.GATINGS),
         help="exclusive_gating and/or shortcut_only_gating (default: both)",
     )
-    parser.add_argument("--tuner", default="grid", choices=defaults.TUNER_NAMES, help="default: grid")
+    parser.add_argument("--tuner", default="grid", choices=experiments.TUNER_NAMES, help="default: grid")
     parser.add_argument("--trials", type=int, help="the most trials (default: the whole grid, 11 per gating)")
     parser.add_argument(
         "--validation-examples",
         type=int,
-        default=defaults.DEFAULT_VALIDATION_EXAMPLES,
-        help=f"training images held out for the objective (default: {defaults.DEFAULT_VALIDATION_EXAMPLES})",
+        default=experiments.DEFAULT_VALIDATION_EXAMPLES,
+        help=f"training images held out for the objective (default: {experiments.DEFAULT_VALIDATION_EXAMPLES})",
     )
     parser.add_argument(
         "--rounds",

@@ -21,8 +21,8 @@ import zipfile
 import zlib
 
 from . import cifar10_release
+from .images import IMAGE_SUFFIXES
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "keras-preact")
 CIFAR10_FOLDER = os.path.join(CACHE, "cifar10-png")
 LAYOUT = "DIR/train/<class>/<image> and DIR/test/<class>/<image>, one folder per class"
@@ -49,7 +49,7 @@ def counts(folder):
     result = {}
     for split in ("train", "test"):
         classes = [entry.path for entry in os.scandir(os.path.join(folder, split)) if entry.is_dir()]
-        images = sum(name.lower().endswith(IMAGE_EXTENSIONS) for path in classes for name in os.listdir(path))
+        images = sum(name.lower().endswith(IMAGE_SUFFIXES) for path in classes for name in os.listdir(path))
         result[split] = (images, len(classes))
     return result
 

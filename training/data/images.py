@@ -17,6 +17,9 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+# The file names of images, as image folders and calibration folders are read: the formats both
+# decoders read.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 # How encoded images reach the network's size: resized where their size differs (CIFAR,
 # the digits, image folders), or ImageNet's evaluation crop: the shorter side resized to
 # RESIZE_RATIO of the network's size, then the central square (He et al. 2016, section 4.2,
@@ -97,6 +100,29 @@ def jpeg_pixels(encoded, colourspace):
     return simplejpeg.decode_jpeg(encoded, colorspace=colourspace, fastdct=False, fastupsample=False, strict=False)
 
 
+def size_and_channels(encoded):
+    """(height, width, channels) of encoded image bytes from their header alone, the channels
+    being those TensorFlow's decoder gives the file as it is (`tf.io.decode_image` without
+    `channels`): grey 1, grey with alpha 2, RGB 3, RGBA (or a palette with transparency) 4.
+
+    Raises:
+        ValueError: for bytes that are no JPEG, PNG, GIF or BMP image.
+    """
+    try:
+        with Image.open(io.BytesIO(encoded)) as image:
+            if image.format not in (*JPEG_FORMATS, "PNG", *OWN_CHANNELS):
+                raise ValueError(f"a {image.format} image, where JPEG, PNG, GIF or BMP is expected")
+            if image.mode == "P":
+                channels = 4 if "transparency" in image.info else 3
+            elif image.mode in ("1", "L") or image.mode.startswith("I"):
+                channels = 1
+            else:
+                channels = len(image.getbands())
+            return image.height, image.width, channels
+    except (OSError, SyntaxError, EOFError) as error:  # what Pillow raises for damaged files
+        raise ValueError(f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:120]}") from None
+
+
 def own_channels(image):
     """A GIF's or BMP's pixels in the channels TensorFlow's decoder gives: grey, RGB or RGBA."""
     if image.mode in ("L", "1"):
@@ -106,7 +132,7 @@ def own_channels(image):
 
 
 def to_channels(pixels, channels):
-    """uint8 pixels [height, width, 1 to 4] as 1 or 3 channels (`export.to_channels`)."""
+    """uint8 pixels [height, width, 1 to 4] as 1 or 3 channels (`input_tensorflow.to_channels`)."""
     rgb = pixels[..., :3] if pixels.shape[-1] >= 3 else np.repeat(pixels[..., :1], 3, axis=-1)
     if channels == 3:
         return rgb

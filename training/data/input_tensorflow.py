@@ -53,18 +53,47 @@ def unreadable_files(split, limit=datasets.UNREADABLE_LISTED):
 
 
 def decode_image(encoded, channels):
-    """Encoded JPEG, PNG, GIF or BMP bytes -> uint8 pixels [height, width, channels].
+    """Encoded JPEG, PNG, GIF or BMP bytes -> uint8 pixels [height, width, channels]: the
+    TensorFlow graph's decoder of training, evaluation and the SavedModel's `serving_default`
+    (`images.decode` computes the same with NumPy and Pillow for the NumPy pipeline,
+    calibration and the onnxruntime server).
 
     JPEGs are decoded with libjpeg's accurate integer DCT (`dct_method="INTEGER_ACCURATE"`,
     libjpeg's own default and Pillow's), where `tf.io.decode_image` uses the fast one,
-    which is up to 5 levels off: training, evaluation, the SavedModel and the onnxruntime
-    server (Pillow) then see the same pixels."""
+    which is up to 5 levels off. JPEG and PNG decoders convert to `channels` themselves; GIF
+    and BMP decode to their own channels (GIF: RGB; BMP: grey, RGB or RGBA), converted here
+    (`to_channels`)."""
     jpeg = tf.equal(tf.strings.substr(encoded, 0, 3), b"\xff\xd8\xff")  # the JPEG signature
+    own_channels = tf.logical_or(
+        tf.equal(tf.strings.substr(encoded, 0, 3), b"GIF"), tf.equal(tf.strings.substr(encoded, 0, 2), b"BM")
+    )
     return tf.cond(
         jpeg,
         lambda: tf.io.decode_jpeg(encoded, channels, dct_method="INTEGER_ACCURATE"),
-        lambda: tf.io.decode_image(encoded, channels, expand_animations=False),
+        lambda: tf.cond(
+            own_channels,
+            lambda: to_channels(tf.io.decode_image(encoded, expand_animations=False), channels),
+            lambda: tf.io.decode_image(encoded, channels, expand_animations=False),
+        ),
     )
+
+
+def to_channels(image, channels):
+    """uint8 pixels [height, width, 1 to 4 channels] as 1 (grey) or 3 (RGB) channels: alpha
+    dropped, grey repeated to RGB, RGB to grey with `tf.image.rgb_to_grayscale`'s weights."""
+    have = tf.shape(image)[-1]
+    rgb = tf.cond(have >= 3, lambda: image[..., :3], lambda: tf.image.grayscale_to_rgb(image[..., :1]))
+    if channels == 3:
+        return rgb
+    return tf.cond(have >= 3, lambda: tf.image.rgb_to_grayscale(rgb), lambda: image[..., :1])
+
+
+def decode_encoded(preprocessing, encoded):
+    """Encoded bytes -> float32 pixels (0-255) of the network's size, as `preprocessing` (a
+    `contract.Preprocessing`: its channels, size and crop) asks: the SavedModel's
+    `serving_default` before normalisation."""
+    image = decode_image(encoded, preprocessing.channels)
+    return tf.ensure_shape(CROPS[preprocessing.crop](image, preprocessing.image_size), preprocessing.shape)
 
 
 def decode_file(image_size):
@@ -169,6 +198,10 @@ def central_crop(image, image_size):
     scale = image_size * images.RESIZE_RATIO / tf.reduce_min(shape)
     resized = tf.image.resize(image, tf.cast(tf.round(shape * scale), tf.int32))
     return tf.image.resize_with_crop_or_pad(resized, image_size, image_size)
+
+
+# How encoded images reach the network's size (`images.CROPS`), as in training.
+CROPS = {"resize": resize, "central_crop": central_crop}
 
 
 def examples_from(split, seed, used, first_position, end_position):

@@ -4,3 +4,9 @@ the model zoo's publishing and tables.
 
 Imports `train`, `data`, `export` and the package's base modules; `commands` and `cli`
 import it."""
+
+# tune: the gatings of Table 1 searched, the keras-tuner tuners offered, and the training
+# images held out for the search's objective.
+GATINGS = ("exclusive_gating", "shortcut_only_gating")
+TUNER_NAMES = ("grid", "random", "hyperband")
+DEFAULT_VALIDATION_EXAMPLES = 5000

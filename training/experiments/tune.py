@@ -36,9 +36,8 @@ import numpy as np
 import tensorflow as tf
 
 from ..data import datasets, input_tensorflow
-from ..defaults import DEFAULT_VALIDATION_EXAMPLES, GATINGS
 from ..train import configs, engines, loop, recipe
-from . import ablation
+from . import DEFAULT_VALIDATION_EXAMPLES, GATINGS, ablation
 
 # b_g from 0 to -10 in steps of -1 (paper, Section 3.1).
 GATE_BIASES = tuple(range(0, -11, -1))

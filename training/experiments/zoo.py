@@ -24,20 +24,25 @@ from keras_preact import checksums, pretrained
 
 from .. import files
 from ..data import datasets
-from ..train import evaluate
+from ..train import evaluate, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
+from .ablation import TABLES
 
 # Published CIFAR-10 test errors (%) of each depth of the zoo, for its tables: the paper's, by
 # unit, as (error, source): He et al. 2015 ("Deep Residual Learning for Image Recognition",
 # the paper's [1]), Table 6 (original units, 64k iterations), and this paper's Table 3
-# (ResNet-110 and ResNet-164 with either unit, median of 5); and two public reimplementations'
-# best test epoch of 200 epochs (slightly optimistic), akamaster/pytorch_resnet_cifar10
-# (original units) and chenyaofo/pytorch-cifar-models (cosine, weight decay 5e-4). The
-# pre-activation ResNet-20 and -56 have no published row: the original networks' are their targets.
+# (ResNet-110 and ResNet-164 with either unit, median of 5; its home is `ablation.TABLES`);
+# and two public reimplementations' best test epoch of 200 epochs (slightly optimistic),
+# akamaster/pytorch_resnet_cifar10 (original units) and chenyaofo/pytorch-cifar-models
+# (cosine, weight decay 5e-4). The pre-activation ResNet-20 and -56 have no published row:
+# the original networks' are their targets.
+TABLE_3 = {unit: row.paper for unit, row in zip(("original", "preactivation"), TABLES[3].rows)}
 REFERENCES = {
     "resnet20": dict(original=(8.75, "He 2015"), akamaster=8.27, chenyaofo=7.40),
     "resnet56": dict(original=(6.97, "He 2015"), akamaster=6.61, chenyaofo=5.63),
-    "resnet110": dict(original=(6.61, "Table 3"), preactivation=(6.37, "Table 3"), akamaster=6.32),
-    "resnet164": dict(original=(5.93, "Table 3"), preactivation=(5.46, "Table 3")),
+    "resnet110": dict(
+        **{unit: (TABLE_3[unit][("cifar10", "resnet110")], "Table 3") for unit in TABLE_3}, akamaster=6.32
+    ),
+    "resnet164": {unit: (TABLE_3[unit][("cifar10", "resnet164")], "Table 3") for unit in TABLE_3},
 }
 UNIT_NAMES = {"original": "original", "preactivation": "pre-activation"}
 

@@ -11,12 +11,10 @@ calibrate on pixels the network is not given.
 import os
 
 import numpy as np
-import tensorflow as tf
 
-from ..data import input_tensorflow
+from ..data import images
+from ..data.images import IMAGE_SUFFIXES
 
-# The file types read from a folder of calibration images (what TensorFlow decodes).
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 HOW = "name a few hundred training images of the network's size (files or folders: --calibration-images)"
 
 
@@ -76,22 +74,21 @@ def image_files(paths):
 
 
 def decoded(path, shape):
-    """One calibration image's pixels, checked to be of `shape`, decoded as training and
-    serving decode them (`input_tensorflow.decode_image`: JPEGs with the accurate DCT)."""
+    """One calibration image's pixels, checked to be of `shape`, decoded once as training and
+    serving decode them (`data.images.decode`: JPEGs with the accurate DCT)."""
     with open(path, "rb") as file:
         encoded = file.read()
     try:
-        image = tf.io.decode_image(encoded, expand_animations=False).numpy()
-    except tf.errors.InvalidArgumentError as error:
+        height, width, channels = images.size_and_channels(encoded)
+        if (height, width, channels) == tuple(shape):
+            return images.decode(encoded, channels)
+    except ValueError as error:
         raise ValueError(
-            f"The calibration image {path} is not a JPEG, PNG, GIF or BMP image TensorFlow decodes: "
-            f"{error.message.splitlines()[0]}"
+            f"The calibration image {path} is not a JPEG, PNG, GIF or BMP image that decodes: {error}"
         ) from None
-    if image.shape != shape:
-        height, width, channels = shape
-        raise ValueError(
-            f"Calibration images must be {height}x{width} with {channels} channel{'s' * (channels > 1)}, as the "
-            f"network sees them (they are not resized: {HOW}). Received: {path}, {image.shape[0]}x{image.shape[1]} "
-            f"with {image.shape[2]} channel{'s' * (image.shape[2] > 1)}"
-        )
-    return input_tensorflow.decode_image(encoded, shape[-1]).numpy()
+    expected_height, expected_width, expected_channels = shape
+    raise ValueError(
+        f"Calibration images must be {expected_height}x{expected_width} with {expected_channels} "
+        f"channel{'s' * (expected_channels > 1)}, as the network sees them (they are not resized: {HOW}). "
+        f"Received: {path}, {height}x{width} with {channels} channel{'s' * (channels > 1)}"
+    )

@@ -21,6 +21,8 @@ import json
 import os
 import re
 
+from keras_preact import checksums
+
 from .. import files
 from ..data import images
 
@@ -88,11 +90,6 @@ ANSWER_FIELDS = ("class_names", "input", "top_k")
 ONNX_ANSWER_KEY = "keras_preact.answer"
 
 
-# The precisions each format is written in: float32 always, and on request (`export
-# --quantize`) float16 (LiteRT: weights stored in half precision) and int8 (ONNX: onnxruntime's
-# static quantization; LiteRT: full-integer), both calibrated on images the user names.
-PRECISIONS = {"saved_model": ("float32",), "onnx": ("float32", "int8"), "litert": ("float32", "float16", "int8")}
-QUANTIZED = ("float16", "int8")
 # How the int8 ONNX models are quantized, as metadata.json records it: onnxruntime's QDQ format,
 # int8 weights per output channel and signed int8 activations (S8S8). Unsigned activations
 # (U8S8) run on x86-64 processors without VNNI through an instruction whose 16-bit
@@ -221,37 +218,37 @@ def versions(directory):
 
 def latest_version(directory, kind="saved_model", precision="float32"):
     """`directory/<highest complete version>`: the highest version holding metadata.json and
-    every file of `kind` ("saved_model" or "onnx") in `precision` (for a SavedModel, the one TF
-    Serving serves by default; a version folder still being copied in is passed over).
+    every file of the format `kind` (a name of `export.FORMATS`) in `precision` (for a
+    SavedModel, the one TF Serving serves by default; a version folder still being copied in
+    is passed over).
 
     Raises:
         FileNotFoundError: if `directory` holds no complete numbered version.
     """
-    needed = [METADATA_FILE]
-    if kind == "saved_model":
-        needed += ["saved_model.pb", os.path.join("variables", "variables.index")]
-    else:
-        needed += [onnx_file(name, precision) for name in ONNX_MODELS]
-    marker = {"saved_model": "saved_model.pb", "onnx": onnx_file("predict_normalized", precision)}[kind]
+    from . import FORMATS
+
+    exported = FORMATS[kind]
+    needed = [METADATA_FILE, *exported.needed(precision)]
     found = [
         version
         for version in versions(directory)
         if all(os.path.exists(os.path.join(directory, str(version), file)) for file in needed)
     ]
     if not found:
-        what = (
-            "a SavedModel"
-            if kind == "saved_model"
-            else f"{'' if precision == 'float32' else precision + ' '}ONNX models"
-        )
-        how = "" if kind == "saved_model" else " --format onnx (or all)"
+        what = exported.files_name if precision == "float32" else f"{precision} {exported.files_name}"
+        how = "" if kind == "saved_model" else f" --format {kind} (or all)"
         how += f" --quantize {precision} --calibration-images ..." if precision != "float32" else ""
         raise FileNotFoundError(
-            f"No complete version folder with {what} (<directory>/<number>/{marker} and {METADATA_FILE}) in "
+            f"No complete version folder with {what} (<directory>/<number>/{needed[1]} and {METADATA_FILE}) in "
             f"{directory}. Export one with "
             f"`keras-preact export{how}`. Received: {directory!r}"
         )
     return os.path.join(directory, str(found[-1]))
+
+
+def digests(path, relative_files):
+    """{key: SHA-256} of files relative to `path`, as metadata.json records them."""
+    return {key: checksums.sha256(os.path.join(path, file)) for key, file in relative_files.items()}
 
 
 def read_metadata(version_path):

@@ -15,8 +15,10 @@ import warnings
 
 import numpy as np
 
-from ..defaults import LITERT_EXTRA
-from . import contract
+from . import Format, contract, register
+
+# What installs LiteRT's interpreter.
+EXTRA = 'pip install "keras-preact[litert]"'
 
 # The largest difference of probabilities between the float32 LiteRT model under LiteRT's
 # interpreter and the network it was converted from: float32 rounding only.
@@ -28,7 +30,49 @@ def require_litert():
     try:
         from ai_edge_litert import interpreter  # noqa: F401
     except ImportError:
-        raise ImportError(f"LiteRT export needs LiteRT's interpreter (ai-edge-litert): {LITERT_EXTRA}") from None
+        raise ImportError(f"LiteRT export needs LiteRT's interpreter (ai-edge-litert): {EXTRA}") from None
+
+
+def write(version):
+    """Writes the LiteRT models of `version` (an `export.versions.Version`) in the precisions it
+    asks for; returns metadata.json's "litert" entry."""
+    from .networks import SignatureModel, normalization_constants
+
+    pixel_model = SignatureModel(version.separated, *normalization_constants(version.normalization))
+    shape, precisions = version.preprocessing.shape, version.precisions["litert"]
+    files = export_litert(pixel_model, version.path, shape, precisions, version.pixels)
+    return dict(
+        litert=dict(
+            signature=contract.LITERT_SIGNATURE,
+            input=contract.SIGNATURES[contract.LITERT_SIGNATURE].describe(shape),
+            output=contract.LITERT_OUTPUT,
+            files=files,
+            sha256=contract.digests(version.path, files),
+            **(dict(calibration_images=len(version.pixels)) if "int8" in files else {}),
+        )
+    )
+
+
+def package_versions():
+    from importlib.metadata import version
+
+    return {"ai_edge_litert": version("ai-edge-litert")}
+
+
+register(
+    Format(
+        name="litert",
+        title="LiteRT",
+        files_name="LiteRT models",
+        precisions=("float32", "float16", "int8"),
+        write=write,
+        needed=lambda precision: [contract.litert_file(precision)],
+        written=lambda metadata: list(metadata["litert"]["files"].values()),
+        require=require_litert,
+        package_versions=package_versions,
+        checked_by="LiteRT's interpreter",
+    )
+)
 
 
 def convert(pixel_model, shape, precision, calibration=None):

@@ -23,8 +23,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..defaults import DEFAULT_MAX_BODY_MEMORY, DEFAULT_MAX_IN_FLIGHT
-from . import memory, protocol
+from . import DEFAULT_MAX_BODY_MEMORY, DEFAULT_MAX_IN_FLIGHT, memory, protocol
 from .batching import Batcher
 from .connections import RETRY_AFTER_SECONDS
 from .protocol import BadRequest

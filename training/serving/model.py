@@ -6,17 +6,14 @@ import os
 
 import numpy as np
 
-from ..defaults import DEFAULT_MAX_BATCH
-from ..export import contract
-from . import protocol
+from ..export import FORMATS, contract
+from . import DEFAULT_MAX_BATCH, protocol
 from .protocol import BadRequest
 
 # What runs the network: the SavedModel on TensorFlow, or its ONNX models on onnxruntime
 # (`export --format onnx|all`), each imported only when chosen: the onnxruntime server
 # never imports TensorFlow or Keras.
 RUNTIMES = {"tensorflow": "tensorflow_runtime:TensorFlowRuntime", "onnxruntime": "onnx_runtime:OnnxRuntime"}
-# The version folder's file each runtime needs (`contract.latest_version`).
-RUNTIME_FILES = {"tensorflow": "saved_model", "onnxruntime": "onnx"}
 
 
 class ModelServer:
@@ -36,16 +33,19 @@ class ModelServer:
             raise ValueError(f"max_batch must be a positive integer. Received: max_batch={max_batch!r}")
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {list(RUNTIMES)}. Received: runtime={runtime!r}")
-        offered = contract.PRECISIONS[RUNTIME_FILES[runtime]]
+        served = runtime_formats()
+        offered = served[runtime].precisions
         if precision not in offered:
+            elsewhere = [format for format in served.values() if precision in format.precisions]
             raise ValueError(
-                f"The {runtime} runtime serves {' and '.join(offered)} models ({precision} ONNX models are served by "
-                f"--runtime onnxruntime). Received: precision={precision!r}"
-                if precision in contract.PRECISIONS["onnx"]
-                else f"precision must be one of {list(contract.PRECISIONS['onnx'])}. Received: precision={precision!r}"
+                f"The {runtime} runtime serves {' and '.join(offered)} models ({precision} {elsewhere[0].files_name} "
+                f"are served by --runtime {elsewhere[0].runtime}). Received: precision={precision!r}"
+                if elsewhere
+                else f"precision must be one of {sorted({p for f in served.values() for p in f.precisions})}. "
+                f"Received: precision={precision!r}"
             )
         self.name = served_name(directory)
-        self.path = contract.latest_version(directory, RUNTIME_FILES[runtime], precision)
+        self.path = contract.latest_version(directory, served[runtime].name, precision)
         self.version = int(os.path.basename(self.path))
         self.max_batch = max_batch
         self.metadata = contract.read_metadata(self.path)
@@ -137,6 +137,11 @@ class ModelServer:
             return [self.runtime(batch[0].signature, batch[0].values)]
         except BadRequest as error:
             return [error]
+
+
+def runtime_formats():
+    """{runtime: the format it serves} (`export.FORMATS`' runtimes)."""
+    return {format.runtime: format for format in FORMATS.values() if format.runtime}
 
 
 def served_name(directory):

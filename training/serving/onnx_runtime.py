@@ -16,8 +16,7 @@ import numpy as np
 from keras_preact.checksums import sha256
 
 from ..data import images
-from ..defaults import ONNX_EXTRA
-from ..export import contract
+from ..export import contract, onnx_models
 from .protocol import UNDECODABLE, BadRequest
 
 
@@ -44,7 +43,7 @@ class OnnxRuntime:
         try:
             import onnxruntime
         except ImportError:
-            raise ImportError(f"--runtime onnxruntime needs the onnx extra: {ONNX_EXTRA}") from None
+            raise ImportError(f"--runtime onnxruntime needs the onnx extra: {onnx_models.EXTRA}") from None
         metadata_path = os.path.join(path, contract.METADATA_FILE)
         self.name = "onnxruntime" if precision == "float32" else f"onnxruntime, {precision}"
         try:

@@ -10,18 +10,18 @@ import signal
 import socket
 import sys
 
-from ..defaults import (
+from ..export import contract
+from . import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BODY_MEMORY,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_PORT,
     DEFAULT_REQUEST_TIMEOUT,
+    memory,
 )
-from ..export import contract
-from . import memory
 from .application import application
 from .connections import Connections
-from .model import ModelServer
+from .model import ModelServer, runtime_formats
 
 # Connections waiting to be accepted (the standard library's default of 5 reset clients at
 # 32 concurrent connections).
@@ -154,7 +154,7 @@ def onnx_servable(directory):
     except ImportError:
         return False
     newest = {}
-    for kind in ("onnx", "saved_model"):
+    for runtime, served in runtime_formats().items():
         with contextlib.suppress(FileNotFoundError):
-            newest[kind] = int(os.path.basename(contract.latest_version(directory, kind)))
-    return "onnx" in newest and newest["onnx"] >= newest.get("saved_model", 0)
+            newest[runtime] = int(os.path.basename(contract.latest_version(directory, served.name)))
+    return "onnxruntime" in newest and newest["onnxruntime"] >= max(newest.values())

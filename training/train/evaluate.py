@@ -20,8 +20,7 @@ import numpy as np
 import keras_preact
 
 from ..data import cifar10_folder, datasets
-from ..defaults import EVALUATION_BATCH_SIZE, EVALUATION_SPLITS
-from . import configs
+from . import EVALUATION_BATCH_SIZE, EVALUATION_SPLITS, configs
 
 
 def evaluate(

@@ -19,9 +19,9 @@ import numpy as np
 
 from keras_preact import walks
 
-from .. import defaults, files, plots
+from .. import files, plots
 from ..data import datasets
-from . import checkpoints, configs, engines, precision, recipe
+from . import EVALUATION_BATCH_SIZE, checkpoints, configs, engines, precision, recipe
 
 # test_* or validation_*: the split a run evaluates on (`Config.validation_examples`); hours: of
 # training steps, summed over the sessions of a resumed run.
@@ -117,7 +117,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
         steps.synchronize()
         trained = use_average() if config.average_momentum else []
         losses, correct, count = 0.0, 0, 0
-        for images, labels in pipeline.evaluation_arrays(evaluation_split, defaults.EVALUATION_BATCH_SIZE):
+        for images, labels in pipeline.evaluation_arrays(evaluation_split, EVALUATION_BATCH_SIZE):
             logits = keras.ops.cast(steps.predict(images), "float32")
             labels = np.asarray(labels)
             losses += float(keras.ops.sum(per_example_loss(labels, logits)))

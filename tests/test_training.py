@@ -788,8 +788,8 @@ def test_commands_print_no_tensorflow_log_lines(tmp_path):
 
 DEMO_RUN = os.path.join(ROOT, "docs", "runs", "digits-demo")
 # The demo's final error moves by a digit or two of its 360 test digits with the processor's
-# floating-point rounding (2.50 % on the AMD EPYC that drew the docs' figure, 2.22 % seen on
-# another): the tests hold it to the documented run within two digits.
+# floating-point rounding: the tests hold it to the documented run (docs/runs/digits-demo)
+# within two digits.
 DEMO_DIGITS_ALLOWED = 2
 
 

@@ -52,27 +52,21 @@ def test_the_process_has_no_tensorflow():
 # The order and the batches ----------------------------------------------------------------
 
 
-@pytest.mark.tensorflow
-@pytest.mark.parametrize("size", [1, 2, 3, 4, 1437, 45000, 50000, 70000, 2**16 + 1, 3_000_000])
-def test_index_shuffle_is_tensorflows(size):
-    """`datasets.index_shuffle` in NumPy gives TensorFlow's permutation for every seed and epoch."""
-    import tensorflow as tf
-
-    for seed, epoch in ((0, 0), (0, 1), (3, 59), (123456789, 300), (2**33 + 5, 7)):
-        positions = np.arange(min(size, 5000))
-        expected = tf.random.experimental.index_shuffle(
-            tf.constant(positions, tf.int64), seed=tf.constant([seed, epoch], tf.int64), max_index=size - 1
-        )
-        np.testing.assert_array_equal(
-            datasets.index_shuffle(positions, (seed, epoch), size - 1),
-            expected.numpy(),
-            err_msg=f"size {size}, seed {seed}, epoch {epoch}",
-        )
-
-
-def test_index_shuffle_is_a_permutation():
-    shuffled = datasets.index_shuffle(np.arange(1437), (0, 4), 1436)
-    assert sorted(shuffled) == list(range(1437)) and not np.array_equal(shuffled, np.arange(1437))
+def test_each_epoch_reads_a_permutation_of_its_own_seeded_by_the_run_and_the_epoch():
+    """Every epoch its own permutation of the split (its first `used` places), the same for
+    the same (seed, epoch) in any process, another for another epoch or seed; positions across
+    epochs index it in turn."""
+    first = datasets.epoch_order(1437, 1437, 0, 4)
+    assert sorted(first) == list(range(1437)) and not np.array_equal(first, np.arange(1437))
+    assert not np.array_equal(first, datasets.epoch_order(1437, 1437, 0, 5))
+    assert not np.array_equal(first, datasets.epoch_order(1437, 1437, 1, 4))
+    assert len(set(datasets.epoch_order(1437, 1400, 0, 4))) == 1400
+    np.testing.assert_array_equal(first[:5], np.random.default_rng([0, 4]).permutation(1437)[:5])
+    positions = np.arange(1400 * 3 + 10, 1400 * 4 + 20)  # the end of epoch 3 and the start of epoch 4
+    np.testing.assert_array_equal(
+        datasets.example_indices(positions, 1437, 1400, 0),
+        np.concatenate([datasets.epoch_order(1437, 1400, 0, 3)[10:], datasets.epoch_order(1437, 1400, 0, 4)[:20]]),
+    )
 
 
 def first_batches(pipeline, split, config, first_step, total_steps):

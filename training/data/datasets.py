@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
-import math
 import os
 
 import numpy as np
@@ -275,79 +274,6 @@ def raise_for_unreadable(unreadable, name):
         )
 
 
-# The key that `tf.random.experimental.index_shuffle` puts before a seed of two numbers
-# (TensorFlow's `stateless_random_ops.index_shuffle`), and the rounds of its cipher.
-INDEX_SHUFFLE_KEY = 498247692
-INDEX_SHUFFLE_ROUNDS = 4
-# The shortest block the cipher permutes, in bits.
-INDEX_SHUFFLE_MINIMUM_BLOCK = 16
-# Blocks up to this many bits are enciphered whole where the range is small in them.
-INDEX_SHUFFLE_TABLE_BITS = 20
-
-
-def index_shuffle(positions, seed, max_index):
-    """The positions' places in a pseudorandom permutation of 0 .. max_index, seeded by the
-    two numbers `seed`: `tf.random.experimental.index_shuffle` in NumPy, equal to it for every
-    input (tested), so that both input pipelines read the same order.
-
-    The permutation is a cycle-walking cipher (Black and Rogaway, "Ciphers with Arbitrary
-    Finite Domains", 2002) over the Simon block cipher (Beaulieu et al., "The SIMON and SPECK
-    Families of Lightweight Block Ciphers", 2013) with four rounds, as TensorFlow's kernel
-    computes it: a block of an even number of bits (at least 16) that holds `max_index`, the
-    key's words cut to the block's half, and each position enciphered until it falls in range.
-    """
-    positions = np.asarray(positions, np.uint64)
-    if max_index == 0:
-        return np.zeros(positions.shape, np.int64)
-    block = math.ceil(math.log2(max_index))
-    block = max(block + block % 2, INDEX_SHUFFLE_MINIMUM_BLOCK)
-    word = block // 2
-    mask = np.uint64((1 << word) - 1)
-
-    def rotate_left(value, bits):
-        return ((value << np.uint64(bits)) & mask) | (value >> np.uint64(word - bits))
-
-    def rotate_right(value, bits):
-        return (value >> np.uint64(bits)) | ((value << np.uint64(word - bits)) & mask)
-
-    keys = [np.uint64(int(number) % 2**32 & int(mask)) for number in (INDEX_SHUFFLE_KEY, *seed)]
-    constant, sequence = np.uint64(0xFFFFFFFC & int(mask)), 0x7369F885192C0EF5 & int(mask)  # Simon's c and z
-    for round_index in range(3, INDEX_SHUFFLE_ROUNDS):
-        keys.append(
-            constant
-            ^ np.uint64(sequence & 1)
-            ^ keys[round_index - 3]
-            ^ rotate_right(keys[round_index - 1], 3)
-            ^ rotate_right(keys[round_index - 1], 4)
-        )
-        sequence >>= 1
-
-    def mix(value):
-        return (rotate_left(value, 1) & rotate_left(value, 8)) ^ rotate_left(value, 2)
-
-    def encipher(values):
-        left, right = (values >> np.uint64(word)) & mask, values & mask
-        for round_index in range(0, len(keys), 2):
-            left = left ^ mix(right) ^ keys[round_index]
-            right = right ^ mix(left) ^ keys[round_index + 1]
-        return (left << np.uint64(word)) | right
-
-    if block > INDEX_SHUFFLE_TABLE_BITS:  # max_index >= 2**(block - 2): a few walks at most
-        shuffled = encipher(positions)
-        outside = shuffled > np.uint64(max_index)
-        while outside.any():
-            shuffled[outside] = encipher(shuffled[outside])
-            outside = shuffled > np.uint64(max_index)
-        return shuffled.astype(np.int64)
-    # A small range in a block of at least 16 bits takes up to 2**block / (max_index + 1)
-    # walks: the cipher of the whole block instead, each entry's walk to the range found by
-    # pointer jumping (an entry's target becomes its target's, until it is in the range).
-    following = encipher(np.arange(2**block, dtype=np.uint64)).astype(np.int64)
-    while (following[: max_index + 1] > max_index).any():
-        following = np.where(following <= max_index, following, following[following])
-    return following[positions.astype(np.int64)]
-
-
 def example_indices(positions, size, used, seed):
     """The indices into a split of `size` examples of the stream of epochs' `positions`: each
     epoch is the first `used` places of a permutation of the split, seeded by (seed, epoch)."""
@@ -362,8 +288,11 @@ def example_indices(positions, size, used, seed):
 
 @functools.lru_cache(maxsize=2)
 def epoch_order(size, used, seed, epoch):
-    """The indices of epoch `epoch`'s examples in their order (`example_indices`), computed once
-    an epoch: a run's batches read it in turn."""
-    order = index_shuffle(np.arange(used), (seed, epoch), size - 1)
+    """The indices of epoch `epoch`'s examples in their order: the first `used` of a random
+    permutation of the split's `size`, from NumPy's generator seeded by (seed, epoch). The one
+    order of examples: both input pipelines read it (`input_tensorflow` through
+    `tf.numpy_function`), so their batches are the same and a run resumes on either. Computed
+    once an epoch: a run's batches read it in turn."""
+    order = np.random.default_rng([seed, epoch]).permutation(size)[:used]
     order.flags.writeable = False
     return order

@@ -208,23 +208,24 @@ def examples_from(split, seed, used, first_position, end_position):
     """(item, label) at positions first_position .. end_position - 1 of the stream of epochs.
 
     Each epoch is the first `used` examples of a permutation of the split: for indexed
-    data a stateless index shuffle of (seed, epoch) (`datasets.index_shuffle` computes the
-    same in NumPy for `input_numpy`), which a resumed run skips into
-    without reading what it skips; for a stream a seeded shuffle buffer, reshuffled each
-    epoch, which a resumed run reads (without decoding) up to its position.
+    data `datasets.epoch_order` of (seed, epoch), computed in NumPy as `input_numpy` reads it,
+    which a resumed run skips into without reading what it skips; for a stream a seeded
+    shuffle buffer, reshuffled each epoch, which a resumed run reads (without decoding) up to
+    its position.
     """
     if split.items is None:
         epochs = split.stream.shuffle(STREAM_SHUFFLE_BUFFER, seed=seed).take(used).repeat()
         return epochs.skip(first_position).take(end_position - first_position)
     items, labels = tf.constant(split.items), tf.constant(split.labels)
 
+    def order(epoch):
+        return datasets.epoch_order(split.size, used, seed, int(epoch)).astype(np.int64)
+
     def epoch_examples(epoch):
-        order = tf.data.Dataset.range(used).map(
-            lambda position: tf.random.experimental.index_shuffle(
-                position, seed=tf.stack([tf.constant(seed, tf.int64), epoch]), max_index=split.size - 1
-            )
+        indices = tf.ensure_shape(tf.numpy_function(order, [epoch], tf.int64, stateful=False), (used,))
+        return tf.data.Dataset.from_tensor_slices(indices).map(
+            lambda index: (tf.gather(items, index), tf.gather(labels, index))
         )
-        return order.map(lambda index: (tf.gather(items, index), tf.gather(labels, index)))
 
     epochs = tf.data.Dataset.range(first_position // used, -(-end_position // used))
     examples = epochs.flat_map(epoch_examples).skip(first_position % used)

@@ -27,7 +27,7 @@ import numpy as np
 from harness import processor
 
 from keras_preact_training.data import datasets, input_numpy
-from keras_preact_training.train import configs
+from keras_preact_training.train import configs, named_configs
 
 CASES = {
     "numpy": "NumPy and Pillow, decoded into memory",
@@ -69,7 +69,9 @@ def main():
     print(f"machine: {processor()}, {os.cpu_count()} cores, NumPy {np.__version__}, Python {platform.python_version()}")
     for case in arguments.pipelines:
         pipeline = "tensorflow" if case == "tensorflow" else "numpy"
-        config = configs.CONFIGS["cifar10_zoo"].override(f"data_dir={arguments.data_dir}", f"input_pipeline={pipeline}")
+        config = named_configs.CONFIGS["cifar10_zoo"].override(
+            f"data_dir={arguments.data_dir}", f"input_pipeline={pipeline}"
+        )
         batches = arguments.batches if case == "numpy" else max(arguments.batches // 10, 10)
         prepared, rate = images_per_second(config, case, batches, (0, arguments.processes))
         part = f", process 0's {config.batch_size // arguments.processes} of each" if arguments.processes > 1 else ""

@@ -23,7 +23,7 @@ import numpy as np
 from harness import processor  # bench/, the script's folder
 from PIL import Image
 
-from keras_preact_training.train import configs, recipe
+from keras_preact_training.train import named_configs, recipe
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
@@ -135,7 +135,7 @@ def main():
     ]
     if arguments.epochs:
         overrides.append(f"duration={arguments.epochs}")
-    config = configs.CONFIGS["cifar10_cpu"].override(*overrides, *arguments.set)
+    config = named_configs.CONFIGS["cifar10_cpu"].override(*overrides, *arguments.set)
     (train_images, train_labels), (test_images, test_labels) = splits["train"], splits["test"]
     steps_per_epoch = -(-len(train_images) // config.batch_size)
     epochs = round(config.duration)

@@ -25,7 +25,7 @@ import keras
 import tensorflow as tf
 from harness import processor
 
-from keras_preact_training.train import configs, engines, loop, precision
+from keras_preact_training.train import configs, engines, loop, named_configs, precision
 
 
 def machine():
@@ -46,7 +46,7 @@ def main():
     parser.add_argument(
         "--config",
         default="cifar10_paper",
-        choices=sorted(configs.CONFIGS),
+        choices=sorted(named_configs.CONFIGS),
         help="the recipe whose training step is timed (default: the paper's)",
     )
     parser.add_argument("--models", nargs="+", default=["resnet20", "resnet110", "resnet164"])
@@ -61,7 +61,7 @@ def main():
         "splits this CPU into N)",
     )
     arguments = parser.parse_args()
-    config = configs.CONFIGS[arguments.config].override(
+    config = named_configs.CONFIGS[arguments.config].override(
         "dataset=folder",
         f"data_dir={arguments.data_dir}",
         f"batch_size={arguments.batch_size}",

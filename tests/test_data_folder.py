@@ -357,11 +357,11 @@ def test_evaluate_refuses_weights_that_do_not_ship_before_reading_the_data(tmp_p
 @pytest.mark.tensorflow
 def test_offline_a_data_set_to_download_fails_at_once_with_the_route_to_local_data(tmp_path, monkeypatch):
     from keras_preact_training.data import input_tensorflow
-    from keras_preact_training.train import configs
+    from keras_preact_training.train import named_configs
 
     # A name that never resolves (RFC 2606), as every name does offline.
     monkeypatch.setitem(input_tensorflow.DOWNLOAD_HOSTS, "cifar10", "download.invalid")
-    config = configs.CONFIGS["cifar10_paper"].override(f"data_dir={tmp_path}")
+    config = named_configs.CONFIGS["cifar10_paper"].override(f"data_dir={tmp_path}")
     with pytest.raises(FileNotFoundError) as error:
         input_tensorflow.tfds_dataset(config)
     assert str(error.value).startswith(f"'cifar10' is not prepared in {tmp_path}/cifar10/")

@@ -42,10 +42,10 @@ WEIGHTS_TOLERANCE = 1e-4
 STEP_BY_STEP = """
 import sys
 import jax, numpy as np
-from keras_preact_training.train import configs, engines
+from keras_preact_training.train import configs, named_configs, engines
 from keras_preact_training.data import datasets
-config = configs.get_config(sys.argv[1], sys.argv[2:])
-dataset = data.load(config)
+config = named_configs.get_config(sys.argv[1], sys.argv[2:])
+dataset = datasets.load(config)
 steps_per_epoch = configs.steps_per_epoch(dataset.train.size, config.batch_size)
 total = config.total_steps(steps_per_epoch)
 engines_by_strategy = {}

@@ -7,7 +7,7 @@ import pytest
 
 import keras_preact
 from keras_preact_training import export
-from keras_preact_training.train import configs, recipe
+from keras_preact_training.train import named_configs, recipe
 from tests.conftest import dtype_policy, random_images
 
 pytestmark = pytest.mark.tensorflow  # SavedModel export
@@ -22,7 +22,7 @@ POLICIES = {
     "mixed_float16": ("float32", "float16", 1e-2),
     "mixed_bfloat16": ("float32", "bfloat16", 5e-2),
 }
-CONFIG = configs.CONFIGS["cifar10_cpu"]
+CONFIG = named_configs.CONFIGS["cifar10_cpu"]
 IMAGES, LABELS = random_images((8, 32, 32, 3), seed=5), np.arange(8) % 10
 
 

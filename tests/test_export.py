@@ -15,14 +15,14 @@ import keras_preact
 from keras_preact_training import export
 from keras_preact_training.data import datasets, input_tensorflow
 from keras_preact_training.export import contract, saved_model, versions
-from keras_preact_training.train import configs
+from keras_preact_training.train import named_configs
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CIFAR = export.Preprocessing.of(configs.CONFIGS["cifar10_paper"], channels=3)
-DIGITS = export.Preprocessing.of(configs.CONFIGS["digits_demo"], channels=1)
+CIFAR = export.Preprocessing.of(named_configs.CONFIGS["cifar10_paper"], channels=3)
+DIGITS = export.Preprocessing.of(named_configs.CONFIGS["digits_demo"], channels=1)
 CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 BATCH_SIZES = (1, 5)
 
@@ -210,7 +210,9 @@ def test_resnet1001_in_loops_exports_exactly(tmp_path):
 def test_encoded_images_are_preprocessed_as_in_training(resnet20_export, cifar_folder):
     """serving_default on CIFAR-10 JPEG files equals the network on the training pipeline's images."""
     network, path, _ = resnet20_export
-    config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={cifar_folder}", "test_examples=12")
+    config = named_configs.CONFIGS["cifar10_paper"].override(
+        "dataset=folder", f"data_dir={cifar_folder}", "test_examples=12"
+    )
     split = datasets.load(config).test
     images, _ = next(iter(input_tensorflow.evaluation_batches(split, 12)))
     expected = expected_outputs(network, normalize(images, CIFAR), CIFAR_CLASSES, export.DEFAULT_TOP_K)

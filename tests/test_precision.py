@@ -7,9 +7,11 @@ import json
 import keras
 import pytest
 
-from keras_preact_training.train import configs, loop, precision
+from keras_preact_training.train import loop, named_configs, precision
 
-DIGITS = configs.get_config("digits_demo", ["duration=2", "evaluate_every=1000", "checkpoint_every=10", "log_every=10"])
+DIGITS = named_configs.get_config(
+    "digits_demo", ["duration=2", "evaluate_every=1000", "checkpoint_every=10", "log_every=10"]
+)
 X86_ZEN4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16\n\nprocessor\t: 1\n"
 X86_AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n"
 ARM_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
@@ -52,7 +54,7 @@ def test_auto_resolves_by_the_device_and_says_so_other_precisions_stay(capsys):
     for forced in ("float32", "mixed_bfloat16"):
         assert precision.resolved(DIGITS.override(f"precision={forced}"), features=set()).precision == forced
     assert capsys.readouterr().out == ""
-    assert configs.CONFIGS["cifar10_zoo"].precision == "auto"
+    assert named_configs.CONFIGS["cifar10_zoo"].precision == "auto"
     with pytest.raises(
         ValueError, match=r"precision must be one of \['float32', 'mixed_bfloat16', 'mixed_float16', 'auto'\]"
     ):

@@ -8,9 +8,9 @@ import pytest
 
 import keras_preact
 from keras_preact import defaults
-from keras_preact_training.train import configs, recipe
+from keras_preact_training.train import configs, named_configs, recipe
 
-PAPER = configs.CONFIGS["cifar10_paper"]
+PAPER = named_configs.CONFIGS["cifar10_paper"]
 
 
 def learning_rates(schedule, steps):
@@ -36,7 +36,7 @@ def test_batch_size_scales_the_rate_and_keeps_the_epochs():
 
 def test_epoch_schedule_of_the_resnet1001_torch_run():
     """Batch 64, lr 0.1, /10 at epochs 81 and 122, 200 epochs: 781 steps per epoch."""
-    config = configs.CONFIGS["cifar10_resnet1001_torch"]
+    config = named_configs.CONFIGS["cifar10_resnet1001_torch"]
     assert configs.steps_per_epoch(50000, config.batch_size) == 781
     schedule = recipe.schedule(config, 781)
     assert learning_rates(schedule, [0, 63260, 63261, 95281, 95282]) == pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001])
@@ -46,7 +46,7 @@ def test_epoch_schedule_of_the_resnet1001_torch_run():
 
 def test_cosine_schedule_by_hand():
     """0.01 for the warm-up epoch, then 0.1 (1 + cos(pi t)) / 2, t from 0 at its end to 1 at the last step."""
-    config = configs.CONFIGS["cifar10_cpu"].override("schedule=cosine", "duration=10")
+    config = named_configs.CONFIGS["cifar10_cpu"].override("schedule=cosine", "duration=10")
     schedule = recipe.schedule(config, steps_per_epoch=100)
     assert config.total_steps(100) == 1000 and config.to_steps(config.warmup, 100) == 100
     assert learning_rates(schedule, [0, 99, 100, 325, 550, 775, 1000]) == pytest.approx(
@@ -62,7 +62,7 @@ def test_cosine_schedule_by_hand():
 
 def test_cpu_config_shortens_the_paper_schedule_in_proportion():
     """30 epochs, /10 at half and three quarters, as the paper's 32k and 48k of 64k."""
-    config = configs.CONFIGS["cifar10_cpu"]
+    config = named_configs.CONFIGS["cifar10_cpu"]
     schedule = recipe.schedule(config, steps_per_epoch=390)
     assert config.total_steps(390) == 11700
     assert learning_rates(schedule, [389, 390, 5849, 5850, 8774, 8775]) == pytest.approx(
@@ -77,7 +77,7 @@ def test_cpu_config_shortens_the_paper_schedule_in_proportion():
 def test_the_zoo_recipe_is_the_cpu_recipe_with_the_search_choices():
     """cifar10_zoo differs from cifar10_cpu by what the validation search chose (docs/zoo.md) and
     its length; its optimizer is Nesterov SGD taking over weight decay 5e-4."""
-    zoo, cpu = configs.CONFIGS["cifar10_zoo"], configs.CONFIGS["cifar10_cpu"]
+    zoo, cpu = named_configs.CONFIGS["cifar10_zoo"], named_configs.CONFIGS["cifar10_cpu"]
     changed = {
         field.name: getattr(zoo, field.name)
         for field in dataclasses.fields(zoo)
@@ -174,7 +174,7 @@ def test_flips_happen_per_image_and_values_stay_in_range():
 
 
 def test_digits_config_has_no_flips():
-    config = configs.CONFIGS["digits_demo"]
+    config = named_configs.CONFIGS["digits_demo"]
     assert [layer.name for layer in recipe.preprocessing(config)] == ["random_padded_crop", "normalization"]
 
 
@@ -184,7 +184,7 @@ def test_model_fit_on_arrays_with_the_recipe():
 
     digits = load_digits()
     images = np.round(digits.images * 255 / 16).astype("float32")[..., None]
-    config = dataclasses.replace(configs.CONFIGS["digits_demo"], model="resnet20")
+    config = dataclasses.replace(named_configs.CONFIGS["digits_demo"], model="resnet20")
     model = recipe.training_model(config, (8, 8, 1), 10, seed=0)
     model.compile(recipe.optimizer(config, 22, model), recipe.loss(), metrics=["accuracy"])
     history = model.fit(images[:1400], digits.target[:1400], batch_size=64, epochs=3, verbose=0)
@@ -212,7 +212,7 @@ def test_label_smoothing_by_hand():
 def test_the_weights_average_follows_each_step_of_the_coupled_update():
     """`average_momentum`: after every step w_avg <- m w_avg + (1 - m) w (w_avg starts at the
     first step's weights), through CoupledSGD's own update; finalize puts it in the model."""
-    config = dataclasses.replace(configs.CONFIGS["digits_demo"], average_momentum=0.5)
+    config = dataclasses.replace(named_configs.CONFIGS["digits_demo"], average_momentum=0.5)
     network = keras_preact.CifarResNet(8, input_shape=(8, 8, 1), classes=3, classifier_activation=None)
     optimizer = recipe.optimizer(config, 22, network)
     assert (optimizer.use_ema, optimizer.ema_momentum) == (True, 0.5)
@@ -226,7 +226,7 @@ def test_the_weights_average_follows_each_step_of_the_coupled_update():
     optimizer.finalize_variable_values(network.trainable_variables)
     for got, want in zip(network.trainable_variables, average, strict=True):
         np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-7)
-    assert not recipe.optimizer(configs.CONFIGS["digits_demo"], 22).use_ema
+    assert not recipe.optimizer(named_configs.CONFIGS["digits_demo"], 22).use_ema
 
 
 @pytest.mark.parametrize(
@@ -276,21 +276,21 @@ def test_the_weights_average_follows_each_step_of_the_coupled_update():
 )
 def test_bad_overrides(overrides, message):
     with pytest.raises(ValueError) as error:
-        configs.get_config("cifar10_paper", overrides)
+        named_configs.get_config("cifar10_paper", overrides)
     assert message in str(error.value)
 
 
 def test_unknown_config():
     with pytest.raises(ValueError, match="Received: config='cifar10'"):
-        configs.get_config("cifar10")
+        named_configs.get_config("cifar10")
 
 
 def test_override_parses_each_field_as_its_declared_type():
     """A float field whose default is written as an int takes a fraction; "none" is None."""
-    config = configs.get_config("cifar10_cpu", ["duration=0.5", "warmup=0", "unit=none", "train_examples=none"])
+    config = named_configs.get_config("cifar10_cpu", ["duration=0.5", "warmup=0", "unit=none", "train_examples=none"])
     assert (config.duration, config.warmup, config.unit, config.train_examples) == (0.5, 0.0, None, None)
     assert type(config.duration) is float
-    assert configs.get_config("cifar10_resnet1001_torch", ["scan_units=none"]).scan_units is None
+    assert named_configs.get_config("cifar10_resnet1001_torch", ["scan_units=none"]).scan_units is None
 
 
 @pytest.mark.large
@@ -302,13 +302,13 @@ def test_override_parses_each_field_as_its_declared_type():
 def test_scan_units_none_is_the_model_functions_choice_but_with_synchronized_batch_norm(overrides, loops):
     """ResNet-1001 trains with its units as loops by default, except where BatchNorm's
     statistics are reduced across replicas, which a loop cannot do."""
-    config = configs.get_config("cifar10_paper", ["model=resnet1001", *overrides])
+    config = named_configs.get_config("cifar10_paper", ["model=resnet1001", *overrides])
     network = recipe.network_of(config, (32, 32, 3), 10)
     assert any(isinstance(layer, keras_preact.StackedUnits) for layer in network.layers) is loops
 
 
 def test_override_parses_types():
-    config = configs.get_config(
+    config = named_configs.get_config(
         "cifar10_paper",
         ["model=resnet164", "nesterov=true", "decay_boundaries=10,20", "train_examples=100", "learning_rate=0.2"],
     )

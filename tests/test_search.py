@@ -15,7 +15,7 @@ import pytest
 
 from keras_preact_training.data import datasets
 from keras_preact_training.experiments import ablation, tune
-from keras_preact_training.train import configs, recipe
+from keras_preact_training.train import named_configs, recipe
 from tests.conftest import KERAS_PREACT
 
 pytestmark = pytest.mark.tensorflow
@@ -43,7 +43,7 @@ def run(*arguments, timeout=900, backend="tensorflow"):
 
 
 def test_search_space_is_the_papers_eleven_values_per_gating():
-    config = configs.CONFIGS["digits_demo"]
+    config = named_configs.CONFIGS["digits_demo"]
     hypermodel = tune.GateBiasHyperModel(config, (8, 8, 1), 10, training_examples=1137)
     hyperparameters = keras_tuner.HyperParameters()
     model = hypermodel.build(hyperparameters)
@@ -59,7 +59,7 @@ def test_search_space_is_the_papers_eleven_values_per_gating():
 
 
 def test_trial_config_carries_the_gating_and_bias():
-    hypermodel = tune.GateBiasHyperModel(configs.CONFIGS["digits_demo"], (8, 8, 1), 10, training_examples=1137)
+    hypermodel = tune.GateBiasHyperModel(named_configs.CONFIGS["digits_demo"], (8, 8, 1), 10, training_examples=1137)
     hyperparameters = keras_tuner.HyperParameters()
     hyperparameters.Fixed("gating", "shortcut_only_gating")
     hyperparameters.Fixed("gate_bias", -6)

@@ -21,13 +21,13 @@ from keras_preact import blocks
 from keras_preact_training import commands, plots
 from keras_preact_training.commands import arguments
 from keras_preact_training.data import datasets, input_tensorflow
-from keras_preact_training.train import configs, loop
+from keras_preact_training.train import configs, loop, named_configs
 from tests.conftest import KERAS_PREACT, SHORT_DIGITS_SETTINGS
 
 pytestmark = pytest.mark.tensorflow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DIGITS = configs.CONFIGS["digits_demo"]
+DIGITS = named_configs.CONFIGS["digits_demo"]
 # A short digits run (every event several times), deterministic.
 SHORT = [*SHORT_DIGITS_SETTINGS, "--set", "deterministic=true"]
 
@@ -138,7 +138,7 @@ def test_imagenet_crops():
 
 def test_image_folder(cifar_folder):
     folder = datasets.load(
-        configs.CONFIGS["cifar10_paper"].override(
+        named_configs.CONFIGS["cifar10_paper"].override(
             "dataset=folder", f"data_dir={cifar_folder}", "train_examples=1000", "test_examples=100"
         )
     )
@@ -152,7 +152,7 @@ def test_image_folder(cifar_folder):
 
 def test_a_run_names_its_data_by_the_folder_or_the_data_set():
     folder = DIGITS.override("dataset=folder", "data_dir=/data/images/cifar10-png/")
-    assert (datasets.name(folder), datasets.name(DIGITS), datasets.name(configs.CONFIGS["cifar10_paper"])) == (
+    assert (datasets.name(folder), datasets.name(DIGITS), datasets.name(named_configs.CONFIGS["cifar10_paper"])) == (
         "cifar10-png",
         "digits",
         "cifar10",
@@ -193,7 +193,7 @@ def tfds_cifar10(cifar_folder, tmp_path_factory):
 
 
 def test_tensorflow_datasets_cifar10(tfds_cifar10, tmp_path):
-    dataset = datasets.load(configs.CONFIGS["cifar10_paper"].override(f"data_dir={tfds_cifar10}"))
+    dataset = datasets.load(named_configs.CONFIGS["cifar10_paper"].override(f"data_dir={tfds_cifar10}"))
     assert (dataset.train.size, dataset.test.size, dataset.class_names[0]) == (200, 100, "airplane")
     result = run_training(
         "--config",
@@ -445,7 +445,7 @@ FOLDER = {("train", "cat"): 2, ("train", "dog"): 2, ("test", "cat"): 1, ("test",
 )
 def test_image_folder_errors_name_the_folder_or_file(tmp_path, change, message):
     root = image_folder_of(tmp_path / "images", FOLDER)
-    config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={root}", "image_size=8")
+    config = named_configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={root}", "image_size=8")
     assert datasets.load(config).class_names == ["cat", "dog"]
     change(root)
     with pytest.raises(ValueError) as error:
@@ -457,7 +457,7 @@ def test_image_folder_errors_name_the_folder_or_file(tmp_path, change, message):
 def test_loading_one_split_decodes_only_its_files(tmp_path, pipeline):
     root = image_folder_of(tmp_path / "images", FOLDER)
     (root / "train" / "dog" / "1.jpg").write_bytes(b"<html>not an image</html>")
-    config = configs.CONFIGS["cifar10_paper"].override(
+    config = named_configs.CONFIGS["cifar10_paper"].override(
         "dataset=folder", f"data_dir={root}", "image_size=8", f"input_pipeline={pipeline}"
     )
     test_only = datasets.load(config, splits=("test",))

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from keras_preact_training.data import datasets, input_numpy
-from keras_preact_training.train import checkpoints, configs
+from keras_preact_training.train import checkpoints, configs, named_configs
 from tests.conftest import KERAS_PREACT, SHORT_DIGITS_RUN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WITHOUT_TENSORFLOW = os.path.join(ROOT, "tests", "without_tensorflow")
-DIGITS = configs.CONFIGS["digits_demo"]
+DIGITS = named_configs.CONFIGS["digits_demo"]
 
 
 def run(command, *arguments, backend, without_tensorflow=True, timeout=600):
@@ -126,7 +126,7 @@ def test_both_pipelines_decode_and_resize_image_folders_alike(cifar_folder, tmp_
     from keras_preact_training.data import input_tensorflow
 
     root = folder_with_other_sizes(cifar_folder, tmp_path / "folder")
-    config = configs.CONFIGS["cifar10_zoo"].override(f"data_dir={root}", "batch_size=8")
+    config = named_configs.CONFIGS["cifar10_zoo"].override(f"data_dir={root}", "batch_size=8")
     numpy_set = datasets.load(config.override("input_pipeline=numpy"))
     tensorflow_set = datasets.load(config.override("input_pipeline=tensorflow"))
     assert numpy_set.train.items.dtype == np.float32 and numpy_set.train.items.shape == (36, 32, 32, 3)
@@ -142,7 +142,7 @@ def test_both_pipelines_decode_and_resize_image_folders_alike(cifar_folder, tmp_
 
 def test_a_folder_larger_than_memory_stays_files(cifar_folder, tmp_path, monkeypatch):
     root = folder_with_other_sizes(cifar_folder, tmp_path / "folder")
-    config = configs.CONFIGS["cifar10_zoo"].override(f"data_dir={root}", "input_pipeline=numpy")
+    config = named_configs.CONFIGS["cifar10_zoo"].override(f"data_dir={root}", "input_pipeline=numpy")
     in_memory = datasets.load(config)
     monkeypatch.setattr(input_numpy, "MEMORY_LIMIT_BYTES", 1000)
     from_files = datasets.load(config)
@@ -159,7 +159,7 @@ def test_unreadable_images_are_named(tmp_path):
     for split in ("train", "test"):
         (root / split / "cat").mkdir(parents=True)
         (root / split / "cat" / "0.png").write_bytes(b"not an image")
-    config = configs.CONFIGS["cifar10_zoo"].override(f"data_dir={root}", "input_pipeline=numpy")
+    config = named_configs.CONFIGS["cifar10_zoo"].override(f"data_dir={root}", "input_pipeline=numpy")
     with pytest.raises(ValueError, match=r"The train split holds files that do not decode as images .*0\.png"):
         datasets.load(config)
 
@@ -170,7 +170,7 @@ def test_tensorflow_datasets_need_tensorflow():
         match="dataset=cifar10 is read through tensorflow-datasets, which needs "
         "TensorFlow. Received: input_pipeline=numpy",
     ):
-        datasets.load(configs.CONFIGS["cifar10_paper"].override("input_pipeline=numpy"))
+        datasets.load(named_configs.CONFIGS["cifar10_paper"].override("input_pipeline=numpy"))
 
 
 # Checkpoints ------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ CONFIG_FLAGS = ("model", "data_dir", "strategy")
 def config_from(arguments):
     """The config that `train`'s or `tune`'s arguments name: --config, its --set overrides (text,
     parsed by each field's type), then the values of the flags `CONFIG_FLAGS`, as given."""
-    from ..train import configs
+    from ..train import named_configs
 
-    config = configs.get_config(arguments.config, arguments.set)
+    config = named_configs.get_config(arguments.config, arguments.set)
     flags = {field: getattr(arguments, field) for field in CONFIG_FLAGS if getattr(arguments, field) is not None}
     return dataclasses.replace(config, **flags)
 

@@ -11,20 +11,20 @@ BACKENDS = None
 
 
 def add_arguments(parser):
-    from ..train import configs
+    from ..train import named_configs
 
     parser.add_argument(
         "name",
         nargs="?",
-        choices=sorted(configs.CONFIGS),
+        choices=sorted(named_configs.CONFIGS),
         metavar="NAME",
-        help=f"one of {sorted(configs.CONFIGS)}: print every field of it",
+        help=f"one of {sorted(named_configs.CONFIGS)}: print every field of it",
     )
 
 
 def run(arguments):
-    from ..train import configs
+    from ..train import named_configs
 
-    names = [arguments.name] if arguments.name else list(configs.CONFIGS)
-    print("\n\n".join("\n".join(configs.describe(name, every_field=bool(arguments.name))) for name in names))
+    names = [arguments.name] if arguments.name else list(named_configs.CONFIGS)
+    print("\n\n".join("\n".join(named_configs.describe(name, every_field=bool(arguments.name))) for name in names))
     return 0

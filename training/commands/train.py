@@ -18,10 +18,10 @@ BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def add_arguments(parser):
-    from ..train import configs
+    from ..train import configs, named_configs
 
     parser.add_argument(
-        "--config", default="digits_demo", help=f"one of {sorted(configs.CONFIGS)} (default: digits_demo)"
+        "--config", default="digits_demo", help=f"one of {sorted(named_configs.CONFIGS)} (default: digits_demo)"
     )
     parser.add_argument(
         "--set",

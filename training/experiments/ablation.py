@@ -23,7 +23,7 @@ import statistics
 import keras_preact
 
 from .. import files, plots
-from ..train import configs
+from ..train import named_configs
 
 # The paper reports a run whose test error exceeds 20 % as "fail" (Table 1).
 FAIL_ERROR = 20.0
@@ -183,7 +183,7 @@ def cells(table, models=None, datasets=None):
 
 
 def configuration(cell, seed, overrides, data_dir=None):
-    base = configs.get_config(PAPER_CONFIGS[cell.dataset])
+    base = named_configs.get_config(PAPER_CONFIGS[cell.dataset])
     config = base.override(f"model={cell.model}", *cell.row.settings, *overrides)
     if data_dir:
         config = config.override(f"data_dir={data_dir}")
@@ -254,7 +254,7 @@ def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(),
 
 def budget_note(config, seeds, models):
     """Empty at the paper's budget; otherwise says why the numbers are not the paper's."""
-    paper = configs.get_config(PAPER_CONFIGS.get(config.dataset, "cifar10_paper"))
+    paper = named_configs.get_config(PAPER_CONFIGS.get(config.dataset, "cifar10_paper"))
     differences = []
     for field in ("duration", "schedule_unit", "decay_boundaries", "batch_size", "train_examples", "test_examples"):
         ours, theirs = getattr(config, field), getattr(paper, field)

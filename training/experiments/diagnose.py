@@ -26,7 +26,7 @@ import keras_preact
 from keras_preact import analysis, defaults
 
 from .. import files
-from ..train import configs
+from ..train import configs, named_configs
 
 # The paper's shortcut variants (Table 1), on pre-activation units so that, as in the
 # derivation of Eqns. 7-8, nothing follows the addition: only h differs.
@@ -70,7 +70,7 @@ def real_images(count, data_dir=None):
     if data_dir:
         from ..data import datasets
 
-        config = configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={data_dir}")
+        config = named_configs.CONFIGS["cifar10_paper"].override("dataset=folder", f"data_dir={data_dir}")
         images, labels = next(
             iter(datasets.input_pipeline(config).evaluation_arrays(datasets.load(config, splits=("test",)).test, 10000))
         )

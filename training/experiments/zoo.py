@@ -269,44 +269,10 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
         raise ValueError(
             f"images_per_second must be a positive number. Received: images_per_second={images_per_second!r}"
         )
-    weights_directory = weights_directory or pretrained.WEIGHTS_DIRECTORY
-    registry_file = registry_file or pretrained.REGISTRY_FILE
-    summary_path = os.path.join(run_dir, "summary.json")
-    if not os.path.isfile(summary_path):
-        raise FileNotFoundError(
-            f"run_dir must be a finished training run (with summary.json). Received: run_dir={run_dir!r}"
-        )
-    summary = files.read_json(summary_path, "train the run again, or restore the file")
+    summary = finished_run(run_dir)
     config = summary["config"]
-    problems = []
-    if summary.get("evaluated_on", "test") != "test" or config.get("validation_examples") is not None:
-        problems.append("it held out a validation split (zoo networks train on the whole training set)")
-    if config.get("train_examples") is not None or config.get("test_examples") is not None:
-        problems.append("it used a subset of the data")
-    if summary["class_names"] != list(pretrained.CIFAR10_CLASSES) or tuple(summary["image_shape"]) != (32, 32, 3):
-        problems.append("its data set is not CIFAR-10")
-    if problems:
-        raise ValueError(
-            f"Only finished CIFAR-10 runs are published; {run_dir} is not: {'; '.join(problems)}. "
-            f"Received: run_dir={run_dir!r}"
-        )
-    network = keras.saving.load_model(os.path.join(run_dir, "model.keras")).layers[-1]
-    if network.name != name or name not in keras_preact.MODELS:
-        raise ValueError(
-            f"name must be the run's network, {network.name!r}, a name of keras_preact.list_models(). "
-            f"Received: name={name!r}"
-        )
-    shipped = keras_preact.get_model(name, classes=len(pretrained.CIFAR10_CLASSES))
-    keras_preact.copy_weights(network, shipped)
-    os.makedirs(weights_directory, exist_ok=True)
-    path = os.path.join(weights_directory, f"cifar10_{name}.weights.h5")
-    shipped.save_weights(path)
+    path, shipped = save_network(run_dir, name, weights_directory or pretrained.WEIGHTS_DIRECTORY)
     size = os.path.getsize(path)
-    if size > MAXIMUM_BYTES:
-        os.remove(path)
-        raise ValueError(
-            f"{name}'s weights take {size} bytes, more than the package's {MAXIMUM_BYTES}. Received: name={name!r}"
-        )
     data_dir = data_dir or config["data_dir"]
     # The registry's errors are float32's, as `weights="cifar10"` loads the network; the
     # check against the run's own evaluation computes in the run's precision.
@@ -337,16 +303,7 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
         data=DATA_DESCRIPTION,
         command=user_command(summary.get("command")),
         config=dict(config, data_dir=user_data_dir(config.get("data_dir"))),
-        training_hours=summary.get("training_hours"),
-        training_images_per_second=round(summary["training_images_per_second"], 1),
-        **(
-            dict(
-                images_per_second_alone=images_per_second,
-                hours_alone=round(summary["steps"] * config["batch_size"] / images_per_second / 3600, 4),
-            )
-            if images_per_second is not None
-            else {}
-        ),
+        **hours(summary, images_per_second),
         date=datetime.date.today().isoformat(),
         versions=dict(
             keras_preact=keras_preact.__version__,
@@ -356,6 +313,81 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
             python=platform.python_version(),
         ),
     )
+    register(registry_file or pretrained.REGISTRY_FILE, name, entry)
+    return entry
+
+
+def finished_run(run_dir):
+    """The summary of the finished CIFAR-10 run in `run_dir`, checked to be one the zoo publishes.
+
+    Raises:
+        FileNotFoundError: for a missing run.
+        ValueError: for a run that held out a validation split, used a subset, or is not CIFAR-10.
+    """
+    summary_path = os.path.join(run_dir, "summary.json")
+    if not os.path.isfile(summary_path):
+        raise FileNotFoundError(
+            f"run_dir must be a finished training run (with summary.json). Received: run_dir={run_dir!r}"
+        )
+    summary = files.read_json(summary_path, "train the run again, or restore the file")
+    config = summary["config"]
+    problems = []
+    if summary.get("evaluated_on", "test") != "test" or config.get("validation_examples") is not None:
+        problems.append("it held out a validation split (zoo networks train on the whole training set)")
+    if config.get("train_examples") is not None or config.get("test_examples") is not None:
+        problems.append("it used a subset of the data")
+    if summary["class_names"] != list(pretrained.CIFAR10_CLASSES) or tuple(summary["image_shape"]) != (32, 32, 3):
+        problems.append("its data set is not CIFAR-10")
+    if problems:
+        raise ValueError(
+            f"Only finished CIFAR-10 runs are published; {run_dir} is not: {'; '.join(problems)}. "
+            f"Received: run_dir={run_dir!r}"
+        )
+    return summary
+
+
+def save_network(run_dir, name, weights_directory):
+    """(path, network) of the run's network saved as `weights_directory/cifar10_<name>.weights.h5`,
+    its units as separate layers, whatever layout it trained in.
+
+    Raises:
+        ValueError: where `name` is not the run's network, or the file passes `MAXIMUM_BYTES`.
+    """
+    network = keras.saving.load_model(os.path.join(run_dir, "model.keras")).layers[-1]
+    if network.name != name or name not in keras_preact.MODELS:
+        raise ValueError(
+            f"name must be the run's network, {network.name!r}, a name of keras_preact.list_models(). "
+            f"Received: name={name!r}"
+        )
+    shipped = keras_preact.get_model(name, classes=len(pretrained.CIFAR10_CLASSES))
+    keras_preact.copy_weights(network, shipped)
+    os.makedirs(weights_directory, exist_ok=True)
+    path = os.path.join(weights_directory, f"cifar10_{name}.weights.h5")
+    shipped.save_weights(path)
+    size = os.path.getsize(path)
+    if size > MAXIMUM_BYTES:
+        os.remove(path)
+        raise ValueError(
+            f"{name}'s weights take {size} bytes, more than the package's {MAXIMUM_BYTES}. Received: name={name!r}"
+        )
+    return path, shipped
+
+
+def hours(summary, images_per_second):
+    """The run's own hours and images/s, and with `images_per_second` (its rate measured alone)
+    the hours its images take alone."""
+    recorded = dict(
+        training_hours=summary.get("training_hours"),
+        training_images_per_second=round(summary["training_images_per_second"], 1),
+    )
+    if images_per_second is not None:
+        alone = summary["steps"] * summary["config"]["batch_size"] / images_per_second / 3600
+        recorded.update(images_per_second_alone=images_per_second, hours_alone=round(alone, 4))
+    return recorded
+
+
+def register(registry_file, name, entry):
+    """Writes `entry` as `name`'s CIFAR-10 entry of the registry file."""
     registry = {}
     if os.path.isfile(registry_file):
         registry = files.read_json(registry_file, "restore it from the repository (git checkout)")
@@ -363,7 +395,6 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
     with open(registry_file, "w") as file:
         json.dump(registry, file, indent=2, sort_keys=True)
         file.write("\n")
-    return entry
 
 
 def _tensorflow_version():

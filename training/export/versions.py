@@ -139,17 +139,7 @@ def export_saved_model(
     for name in formats:
         FORMATS[name].require()
     pixels = calibration.calibration_pixels(calibration_images, preprocessing.shape) if "int8" in precisions else None
-    version = next_version(directory) if version is None else version
-    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= contract.MAXIMUM_VERSION:
-        raise ValueError(
-            f"version must be a positive integer up to 2**63 - 1 (TF Serving's versions are int64). "
-            f"Received: version={version!r}"
-        )
-    path = os.path.join(directory, str(version))
-    if os.path.exists(path):
-        raise FileExistsError(
-            f"{path} exists; choose another version (TF Serving serves the highest). Received: version={version}"
-        )
+    version = checked_version(directory, version)
     top_k = min(top_k, len(class_names))
     answer = dict(
         class_names=class_names, input=dict(dataclasses.asdict(preprocessing), pixel_range=[0, 255]), top_k=top_k
@@ -167,6 +157,42 @@ def export_saved_model(
         pixels=pixels,
         answer=contract.answer_fields(answer),
     )
+    path = os.path.join(directory, str(version))
+    description = write_version(exported, formats, path, dict(version=version, **answer), metadata)
+    if verbose:
+        print(
+            f"Exported {exported.network.name} to {path} ({contents(formats, written, description)}) in "
+            f"{time.perf_counter() - started:.1f} s ({directory_megabytes(path):.1f} MB)."
+        )
+    return path
+
+
+def checked_version(directory, version):
+    """`version`, or one more than the highest in `directory` for None, checked to be new.
+
+    Raises:
+        ValueError: for a version that is not a positive int64.
+        FileExistsError: for a version that exists (TF Serving may be serving it).
+    """
+    version = next_version(directory) if version is None else version
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= contract.MAXIMUM_VERSION:
+        raise ValueError(
+            f"version must be a positive integer up to 2**63 - 1 (TF Serving's versions are int64). "
+            f"Received: version={version!r}"
+        )
+    if os.path.exists(os.path.join(directory, str(version))):
+        raise FileExistsError(
+            f"{os.path.join(directory, str(version))} exists; choose another version (TF Serving serves the "
+            f"highest). Received: version={version}"
+        )
+    return version
+
+
+def write_version(exported, formats, path, facts, metadata):
+    """Writes every format of `exported` (a `Version`) into its folder, then metadata.json
+    (the answer's and the version's `facts`, each format's files, `metadata`), and renames the
+    folder to `path`; a failure leaves nothing. Returns metadata.json's contents."""
+    directory = os.path.dirname(path)
     files.make_directory(directory, "model folder")
     shutil.rmtree(exported.path, ignore_errors=True)
     try:
@@ -176,10 +202,10 @@ def export_saved_model(
             described_files.update(FORMATS[name].write(exported))
         description = dict(
             name=os.path.basename(os.path.normpath(directory)),
-            version=version,
-            **answer,
+            **facts,
             signatures={
-                name: signature.describe(preprocessing.shape) for name, signature in contract.SIGNATURES.items()
+                name: signature.describe(exported.preprocessing.shape)
+                for name, signature in contract.SIGNATURES.items()
             },
             outputs=list(contract.OUTPUTS),
             network=exported.network.name,
@@ -200,12 +226,7 @@ def export_saved_model(
     except BaseException:
         shutil.rmtree(exported.path, ignore_errors=True)
         raise
-    if verbose:
-        print(
-            f"Exported {exported.network.name} to {path} ({contents(formats, written, description)}) in "
-            f"{time.perf_counter() - started:.1f} s ({directory_megabytes(path):.1f} MB)."
-        )
-    return path
+    return description
 
 
 def check_network(network, class_names, preprocessing, top_k, directory):

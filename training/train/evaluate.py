@@ -20,7 +20,7 @@ import numpy as np
 import keras_preact
 
 from ..data import cifar10_folder, datasets
-from . import EVALUATION_BATCH_SIZE, EVALUATION_SPLITS, configs
+from . import EVALUATION_BATCH_SIZE, EVALUATION_SPLITS, configs, named_configs
 
 
 def evaluate(
@@ -80,7 +80,7 @@ def evaluate(
         )
     if dataset == "folder":
         data_dir = cifar10_folder.or_default(data_dir)
-    config = configs.get_config("cifar10_cpu", [f"dataset={dataset}"])
+    config = named_configs.get_config("cifar10_cpu", [f"dataset={dataset}"])
     if data_dir is not None:
         config = config.override(f"data_dir={data_dir}")
     loading_started = time.perf_counter()
@@ -91,25 +91,40 @@ def evaluate(
             f"The {weights} weights classify {list(shipped['classes'])}; the data set's classes "
             f"differ. Received: classes {names}"
         )
+    model = network(model_name, weights, len(names), data_set.image_shape, precision)
+    started = time.perf_counter()
+    batches = datasets.input_pipeline(config).evaluation_arrays(getattr(data_set, split), batch_size)
+    result = dict(split=split, **counted(model, batches, names, flip))
+    seconds = time.perf_counter() - started
+    return dict(
+        result, seconds=seconds, images_per_second=result["images"] / seconds, loading_seconds=started - loading_started
+    )
+
+
+def network(model_name, weights, classes, input_shape, precision):
+    """The network with `weights`, 0-255 pixels in and logits out, built in the dtype policy
+    `precision` (Keras' global policy left as it was)."""
     policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(precision)  # layers take the policy when they are made
     try:
-        model = keras_preact.get_model(
+        return keras_preact.get_model(
             model_name,
             weights=weights,
             include_preprocessing=True,
-            classes=len(names),
-            input_shape=data_set.image_shape,
+            classes=classes,
+            input_shape=input_shape,
             classifier_activation=None,
         )
     finally:
         keras.config.set_dtype_policy(policy)
+
+
+def counted(model, batches, names, flip):
+    """The error, per-class accuracy and image count of `model` on `batches` (images, labels as
+    NumPy, which every Keras backend takes), and with `flip` the flip's error."""
     correct, counts = np.zeros(len(names), "int64"), np.zeros(len(names), "int64")
     flip_correct = 0
-    started = time.perf_counter()
-    loading_seconds = started - loading_started
-    # As NumPy, which every Keras backend takes.
-    for images, labels in datasets.input_pipeline(config).evaluation_arrays(getattr(data_set, split), batch_size):
+    for images, labels in batches:
         logits = np.asarray(model.predict_on_batch(images), "float32")
         predicted = np.argmax(logits, axis=-1)
         np.add.at(counts, labels, 1)
@@ -117,15 +132,10 @@ def evaluate(
         if flip:
             mirrored = np.asarray(model.predict_on_batch(images[:, :, ::-1]), "float32")
             flip_correct += int(np.sum(np.argmax(softmax(logits) + softmax(mirrored), axis=-1) == labels))
-    seconds = time.perf_counter() - started
     result = dict(
-        split=split,
         error=1.0 - correct.sum() / counts.sum(),
         per_class_accuracy={name: float(hit / count) for name, hit, count in zip(names, correct, counts)},
         images=int(counts.sum()),
-        seconds=seconds,
-        images_per_second=counts.sum() / seconds,
-        loading_seconds=loading_seconds,
     )
     if flip:
         result["flip_error"] = 1.0 - flip_correct / counts.sum()

@@ -71,9 +71,10 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     (`command`, the command line that runs it, is recorded there).
 
     Under Keras' TensorFlow backend the steps run under the `tf.distribute` strategy of
-    `config.strategy` (`engines.TensorFlowSteps`); under JAX and PyTorch, on one device
-    (`engines.JaxSteps`, `engines.TorchSteps`). All write the same checkpoints
-    (`keras_preact_training.train.checkpoints`), so a run started under one backend resumes under another.
+    `config.strategy` (`engines.TensorFlowSteps`); under JAX on one device or with Keras'
+    data parallelism (`engines.JaxSteps`), under PyTorch on one device (`engines.TorchSteps`).
+    All write the same checkpoints (`keras_preact_training.train.checkpoints`), so a run started
+    under one backend resumes under another.
 
     A run records its config in `run_dir/config.json` when it starts; a resumed run whose
     config differs from it in a field outside `RESUMABLE_CHANGES` is refused, unless
@@ -85,118 +86,168 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
             cannot be made, if the run resumed was started with other settings, or if the
             backend cannot run `config.strategy`.
     """
-    config = precision.resolved(config, run_dir, verbose)
-    keras.config.set_dtype_policy(config.precision)
-    steps = engines.for_backend(config)
-    if steps.chief:
-        files.make_directory(run_dir, "run folder")
-        check_resumed_config(config, run_dir, allow_config_changes, verbose)
-    dataset = datasets.load(config)
-    steps_per_epoch = configs.steps_per_epoch(dataset.train.size, config.batch_size)
-    total_steps = config.total_steps(steps_per_epoch)
-    keras.utils.set_random_seed(config.seed)
-    model, optimizer = steps.build(dataset, steps_per_epoch)
-    learning_rates = recipe.schedule(config, steps_per_epoch)
+    run = Run(config, run_dir, verbose, allow_config_changes)
+    run.train()
+    return run.finish(command)
 
-    # Every worker restores; the chief alone saves.
-    checkpoint_dir = os.path.join(run_dir, "checkpoints")
-    restored = checkpoints.restore_newest_intact(checkpoint_dir, model, optimizer, verbose=steps.chief and verbose)
-    latest_checkpoint = restored
-    steps.loaded()
-    first_step = int(keras.ops.convert_to_numpy(optimizer.iterations))
-    per_example_loss = recipe.loss(reduction=None)
-    pipeline = datasets.input_pipeline(config)
 
-    # A run with a validation split never reads the test set.
-    evaluated_on = "test" if dataset.validation is None else "validation"
-    evaluation_split = dataset.test if dataset.validation is None else dataset.validation
+class Run:
+    """One run of `train`: its data, network, optimizer and step engine, resumed from its
+    newest checkpoint; its steps, evaluations, checkpoints and log."""
 
-    def evaluate():
+    def __init__(self, config, run_dir, verbose, allow_config_changes):
+        config = precision.resolved(config, run_dir, verbose)
+        keras.config.set_dtype_policy(config.precision)
+        self.config, self.run_dir, self.verbose = config, run_dir, verbose
+        self.steps = engines.for_backend(config)
+        if self.steps.chief:
+            files.make_directory(run_dir, "run folder")
+            check_resumed_config(config, run_dir, allow_config_changes, verbose)
+        self.dataset = datasets.load(config)
+        self.steps_per_epoch = configs.steps_per_epoch(self.dataset.train.size, config.batch_size)
+        self.total_steps = config.total_steps(self.steps_per_epoch)
+        keras.utils.set_random_seed(config.seed)
+        self.model, self.optimizer = self.steps.build(self.dataset, self.steps_per_epoch)
+        self.learning_rates = recipe.schedule(config, self.steps_per_epoch)
+        # Every worker restores; the chief alone saves.
+        self.checkpoint_dir = os.path.join(run_dir, "checkpoints")
+        self.restored = checkpoints.restore_newest_intact(
+            self.checkpoint_dir, self.model, self.optimizer, verbose=self.steps.chief and verbose
+        )
+        self.latest_checkpoint = self.restored
+        self.steps.loaded()
+        self.first_step = int(keras.ops.convert_to_numpy(self.optimizer.iterations))
+        self.per_example_loss = recipe.loss(reduction=None)
+        self.pipeline = datasets.input_pipeline(config)
+        # A run with a validation split never reads the test set.
+        self.evaluated_on = "test" if self.dataset.validation is None else "validation"
+        self.evaluation_split = self.dataset.test if self.dataset.validation is None else self.dataset.validation
+        self.log = TrainingLog(run_dir, self.first_step, self.steps.chief)
+        self.training_seconds, self.error = 0.0, None
+
+    def train(self):
+        """The steps from the first not yet trained to the last, logged every `log_every`,
+        evaluated every `evaluate_every` and checkpointed every `checkpoint_every` steps."""
+        config, steps = self.config, self.steps
+        if self.first_step and steps.chief and self.verbose:
+            print(f"Resuming from {self.restored} at step {self.first_step} of {self.total_steps}.")
+        steps.start(self.dataset.train, self.steps_per_epoch, self.first_step, self.total_steps)
+        progress = keras.utils.Progbar(
+            self.total_steps,
+            stateful_metrics=["loss", "accuracy", "lr", f"{self.evaluated_on}_error"],
+            verbose=1 if steps.chief and self.verbose else 0,
+        )
+        progress.update(self.first_step)
+        # Training time counts the steps only (until their loss is back), not evaluations or checkpoints.
+        window = Window()
+        for step in range(self.first_step + 1, self.total_steps + 1):
+            learning_rate = float(self.learning_rates(step - 1))  # the rate of this step: the schedule counts from 0
+            started = time.perf_counter()
+            loss, correct = steps.step()
+            window.add(loss, correct, time.perf_counter() - started)
+            if not math.isfinite(loss):
+                raise TrainingDiverged(
+                    f"Training stopped at step {step}: the loss is {loss}. The last checkpoint "
+                    f"({self.latest_checkpoint or 'none'}) is kept; lower the learning rate "
+                    f"(--set learning_rate=...) or check the data, then run the same command again."
+                )
+            values = [("loss", loss), ("accuracy", correct / config.batch_size), ("lr", learning_rate)]
+            last = step == self.total_steps
+            if step % config.log_every == 0 or last:
+                values += self.log_window(step, window, learning_rate, step % config.evaluate_every == 0 or last)
+                window = Window()
+            if step % config.checkpoint_every == 0 or last:
+                steps.synchronize()
+                if steps.chief:
+                    state = checkpoints.state(self.model, self.optimizer)
+                    self.latest_checkpoint = checkpoints.save(self.checkpoint_dir, step, state)
+            progress.update(step, values)
+
+    def log_window(self, step, window, learning_rate, evaluating):
+        """Writes the log's row of the steps of `window` (and an evaluation where `evaluating`);
+        returns the progress bar's values it adds."""
+        config = self.config
+        self.training_seconds += window.seconds
+        row = dict(
+            step=step,
+            epoch=round(step / self.steps_per_epoch, 3),
+            loss=window.loss / window.steps,
+            accuracy=window.correct / (window.steps * config.batch_size),
+            learning_rate=learning_rate,
+            images_per_second=window.steps * config.batch_size / window.seconds,
+            hours=round(self.log.earlier_hours + self.training_seconds / 3600, 5),
+        )
+        values = []
+        if evaluating:
+            row[f"{self.evaluated_on}_loss"], self.error = self.evaluate()
+            row[f"{self.evaluated_on}_error"] = self.error
+            values.append((f"{self.evaluated_on}_error", self.error))
+        self.log.write(row)
+        return values
+
+    def evaluate(self):
         """(loss, error) of the evaluated network: the weights' average in place of the trained
         weights where the config keeps one (`use_average`; the trained state is put back)."""
-        steps.synchronize()
-        trained = use_average() if config.average_momentum else []
+        self.steps.synchronize()
+        trained = self.use_average() if self.config.average_momentum else []
         losses, correct, count = 0.0, 0, 0
-        for images, labels in pipeline.evaluation_arrays(evaluation_split, EVALUATION_BATCH_SIZE):
-            logits = keras.ops.cast(steps.predict(images), "float32")
+        for images, labels in self.pipeline.evaluation_arrays(self.evaluation_split, EVALUATION_BATCH_SIZE):
+            logits = keras.ops.cast(self.steps.predict(images), "float32")
             labels = np.asarray(labels)
-            losses += float(keras.ops.sum(per_example_loss(labels, logits)))
+            losses += float(keras.ops.sum(self.per_example_loss(labels, logits)))
             correct += int(np.sum(np.argmax(keras.ops.convert_to_numpy(logits), -1) == labels))
             count += len(labels)
-        for variable, value in zip(model.variables, trained):
+        for variable, value in zip(self.model.variables, trained):
             variable.assign(value)
         return losses / count, 1.0 - correct / count
 
-    def use_average():
+    def use_average(self):
         """Puts the weights' average in the network with BatchNorm statistics of its own
         (`average_statistics`); returns the values of every variable before, to put back."""
-        trained = [np.array(variable) for variable in model.variables]
-        optimizer.finalize_variable_values(model.trainable_variables)
-        average_statistics(model, dataset.train, pipeline)
+        trained = [np.array(variable) for variable in self.model.variables]
+        self.optimizer.finalize_variable_values(self.model.trainable_variables)
+        average_statistics(self.model, self.dataset.train, self.pipeline)
         return trained
 
-    log = TrainingLog(run_dir, first_step, steps.chief)
-    if first_step and steps.chief and verbose:
-        print(f"Resuming from {restored} at step {first_step} of {total_steps}.")
-    steps.start(dataset.train, steps_per_epoch, first_step, total_steps)
-    progress = keras.utils.Progbar(
-        total_steps,
-        stateful_metrics=["loss", "accuracy", "lr", f"{evaluated_on}_error"],
-        verbose=1 if steps.chief and verbose else 0,
-    )
-    progress.update(first_step)
-    # Training time counts the steps only (until their loss is back), not evaluations or checkpoints.
-    window_loss, window_correct, window_seconds, window_steps = 0.0, 0.0, 0.0, 0
-    training_seconds, error = 0.0, None
-    for step in range(first_step + 1, total_steps + 1):
-        learning_rate = float(learning_rates(step - 1))  # the rate of this step: the schedule counts from 0
-        started = time.perf_counter()
-        loss, correct = steps.step()
-        window_seconds += time.perf_counter() - started
-        if not math.isfinite(loss):
-            raise TrainingDiverged(
-                f"Training stopped at step {step}: the loss is {loss}. The last checkpoint "
-                f"({latest_checkpoint or 'none'}) is kept; lower the learning rate "
-                f"(--set learning_rate=...) or check the data, then run the same command again."
-            )
-        window_loss, window_correct, window_steps = window_loss + loss, window_correct + correct, window_steps + 1
-        values = [("loss", loss), ("accuracy", correct / config.batch_size), ("lr", learning_rate)]
-        if step % config.log_every == 0 or step == total_steps:
-            training_seconds += window_seconds
-            row = dict(
-                step=step,
-                epoch=round(step / steps_per_epoch, 3),
-                loss=window_loss / window_steps,
-                accuracy=window_correct / (window_steps * config.batch_size),
-                learning_rate=learning_rate,
-                images_per_second=window_steps * config.batch_size / window_seconds,
-                hours=round(log.earlier_hours + training_seconds / 3600, 5),
-            )
-            if step % config.evaluate_every == 0 or step == total_steps:
-                row[f"{evaluated_on}_loss"], error = evaluate()
-                row[f"{evaluated_on}_error"] = error
-                values.append((f"{evaluated_on}_error", error))
-            log.write(row)
-            window_loss, window_correct, window_seconds, window_steps = 0.0, 0.0, 0.0, 0
-        if step % config.checkpoint_every == 0 or step == total_steps:
-            steps.synchronize()
-            if steps.chief:
-                latest_checkpoint = checkpoints.save(checkpoint_dir, step, checkpoints.state(model, optimizer))
-        progress.update(step, values)
-
-    if error is None:
-        _, error = evaluate()
-    steps.synchronize()
-    if config.average_momentum:
-        use_average()  # the evaluated network is the one saved
-    summary = log.finish(config, dataset, model, evaluated_on, error, training_seconds, total_steps, command)
-    if verbose and steps.chief:
-        print(
-            f"Final {evaluated_on} error {100 * error:.2f} % after {total_steps} steps; "
-            f"{summary['training_images_per_second']:.0f} images/s this session; weights sha256 "
-            f"{summary['weights_sha256'][:16]}; run in {run_dir}."
+    def finish(self, command):
+        """The final evaluation (where the last step did none), the saved network and summary."""
+        if self.error is None:
+            _, self.error = self.evaluate()
+        self.steps.synchronize()
+        if self.config.average_momentum:
+            self.use_average()  # the evaluated network is the one saved
+        summary = self.log.finish(
+            self.config,
+            self.dataset,
+            self.model,
+            self.evaluated_on,
+            self.error,
+            self.training_seconds,
+            self.total_steps,
+            command,
         )
-    return summary
+        if self.verbose and self.steps.chief:
+            print(
+                f"Final {self.evaluated_on} error {100 * self.error:.2f} % after {self.total_steps} steps; "
+                f"{summary['training_images_per_second']:.0f} images/s this session; weights sha256 "
+                f"{summary['weights_sha256'][:16]}; run in {self.run_dir}."
+            )
+        return summary
+
+
+class Window:
+    """The steps since the last row of the log: their losses, correct answers and seconds."""
+
+    def __init__(self):
+        self.loss, self.correct, self.seconds, self.steps = 0.0, 0.0, 0.0, 0
+
+    def add(self, loss, correct, seconds):
+        self.loss, self.correct, self.seconds, self.steps = (
+            self.loss + loss,
+            self.correct + correct,
+            self.seconds + seconds,
+            self.steps + 1,
+        )
 
 
 def average_statistics(

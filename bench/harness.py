@@ -151,7 +151,7 @@ def measure(name, steps, precision="float32", xla=False, batch=None, unfused=Fal
 
 
 def random_batch_training(model, batch, xla=False):
-    """(train_step, images): the training loop's step (`keras_preact_training.train.engines.replica_step_function`:
+    """(train_step, images): the training loop's step (`keras_preact_training.train.tensorflow_steps.replica_step_function`:
     the loss, SGD with momentum taking over the network's weight decay, `recipe.CoupledSGD`)
     on one batch of random images, as a `tf.function` (what every benchmark here times).
     The optimizer is built before the first step, as the training loop builds it."""
@@ -159,7 +159,7 @@ def random_batch_training(model, batch, xla=False):
     import numpy as np
     import tensorflow as tf
 
-    from keras_preact_training.train import engines, recipe
+    from keras_preact_training.train import recipe, tensorflow_steps
 
     images = tf.constant(np.random.default_rng(0).normal(size=(batch, *model.input_shape[1:])).astype("float32"))
     labels = tf.constant(np.arange(batch) % model.output_shape[-1])
@@ -167,7 +167,7 @@ def random_batch_training(model, batch, xla=False):
     optimizer.take_weight_decay(model)
     optimizer.build(model.trainable_variables)
     per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    step = engines.replica_step_function(model, optimizer, batch, per_example_loss, xla)
+    step = tensorflow_steps.replica_step_function(model, optimizer, batch, per_example_loss, xla)
 
     @tf.function
     def train_step():

@@ -19,7 +19,7 @@ import types
 
 from keras_preact_training import plots
 from keras_preact_training.data import datasets
-from keras_preact_training.experiments import zoo
+from keras_preact_training.experiments import zoo, zoo_tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,7 +41,7 @@ def replace_table(text, table):
 
 def replace_curve_images(text, images):
     """`text` with its paragraph of the zoo's curve images replaced by `images`."""
-    return replace_block(text, images, zoo.CURVE_IMAGE_START, "paragraph of images beginning")
+    return replace_block(text, images, zoo_tables.CURVE_IMAGE_START, "paragraph of images beginning")
 
 
 def draw_curves(run_dir, name, png_path):
@@ -73,7 +73,10 @@ def main():
     os.makedirs(logs, exist_ok=True)
     for name in ("config.json", "log.csv", "summary.json"):
         shutil.copy(os.path.join(arguments.run_dir, name), logs)
-    tables = {"README.md": [zoo.markdown_table(), zoo.unit_comparison_table()], "docs/zoo.md": [zoo.markdown_table()]}
+    tables = {
+        "README.md": [zoo_tables.markdown_table(), zoo_tables.unit_comparison_table()],
+        "docs/zoo.md": [zoo_tables.markdown_table()],
+    }
     for document, replacements in tables.items():
         path = os.path.join(ROOT, document)
         with open(path) as file:
@@ -81,7 +84,7 @@ def main():
         for table in replacements:
             text = replace_table(text, table)
         if document == "docs/zoo.md":
-            text = replace_curve_images(text, zoo.curve_images())
+            text = replace_curve_images(text, zoo_tables.curve_images())
         with open(path, "w") as file:
             file.write(text)
     print(

@@ -113,25 +113,27 @@ def test_the_zoo_tables_are_the_registrys(tmp_path):
     """The README's and the zoo page's tables are what `keras-preact zoo` prints from the
     registry, and the README's units table what `keras-preact zoo --units` prints: a
     network's row lands with its entry."""
-    from keras_preact_training.experiments import zoo
+    from keras_preact_training.experiments import zoo_tables
 
-    table = zoo.markdown_table()
+    table = zoo_tables.markdown_table()
     for path in (README, os.path.join(DOCS, "zoo.md")):
         assert table in read(path), f"{os.path.relpath(path, ROOT)}'s zoo table is not `keras-preact zoo`'s"
-    assert zoo.unit_comparison_table() in read(README), "the README's units table is not `keras-preact zoo --units`'s"
+    assert zoo_tables.unit_comparison_table() in read(README), (
+        "the README's units table is not `keras-preact zoo --units`'s"
+    )
 
 
 def test_the_zoo_page_shows_every_shipped_networks_curves_in_the_tables_order():
-    from keras_preact_training.experiments import zoo
+    from keras_preact_training.experiments import zoo_tables
 
-    images = zoo.curve_images()
+    images = zoo_tables.curve_images()
     assert images.splitlines()[:3] == [
         "![Test error and training loss of the zoo's pre-activation ResNet-20](zoo_resnet20_curves.png)",
         "![Test error and training loss of the zoo's original ResNet-20](zoo_resnet20_original_curves.png)",
         "![Test error and training loss of the zoo's pre-activation ResNet-56](zoo_resnet56_curves.png)",
     ]
     assert f"\n\n{images}\n\n" in read(os.path.join(DOCS, "zoo.md"))
-    for name, _ in zoo.in_table_order():
+    for name, _ in zoo_tables.in_table_order():
         assert os.path.exists(os.path.join(DOCS, f"zoo_{name}_curves.png")), name
 
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 import keras_preact
 from keras_preact_training import export
 from keras_preact_training.data import datasets, input_tensorflow
-from keras_preact_training.export import contract, saved_model, versions
+from keras_preact_training.export import contract, saved_model, sources
 from keras_preact_training.train import named_configs
 from tests.conftest import KERAS_PREACT
 
@@ -395,7 +395,7 @@ def test_export_command_exports_a_run_and_predicts_with_the_reloaded_model(tmp_p
     # The first test digit is a 2 (scikit-learn's 1,438th); the line names the SavedModel's top 3.
     line = result.stdout.strip().splitlines()[-1]
     assert line.startswith("The reloaded SavedModel on the first test image (a '2', ") and line.count("%") == 3
-    image, label = versions.example_image(run_dir)
+    image, label = sources.example_image(run_dir)
     outputs = saved_model.predict_encoded(path, [image])
     training_model = keras.saving.load_model(os.path.join(run_dir, "model.keras"))
     logits = np.array(training_model(tf.cast(tf.io.decode_png(image)[None], tf.float32), training=False))

@@ -195,17 +195,17 @@ def test_every_shipped_file_matches_its_registry_entry():
 def test_the_zoo_table_says_what_each_network_trained_on():
     """A network trained on the JPEG copy says so, with its errors on that copy's test images
     beside the table's, which are on the original ones."""
-    from keras_preact_training.experiments import zoo
+    from keras_preact_training.experiments import zoo_tables
 
-    assert zoo.trained_on({"test_error": 0.1137}) == "original images"
-    assert zoo.trained_on({"test_error": 0.1137, "jpeg_test_error": 0.1225, "jpeg_flip_test_error": 0.109}) == (
+    assert zoo_tables.trained_on({"test_error": 0.1137}) == "original images"
+    assert zoo_tables.trained_on({"test_error": 0.1137, "jpeg_test_error": 0.1225, "jpeg_flip_test_error": 0.109}) == (
         "JPEG copy (its test JPEGs: 12.25 / 10.90)"
     )
 
 
 @pytest.mark.tensorflow
 def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
-    from keras_preact_training.experiments import zoo
+    from keras_preact_training.experiments import zoo_tables
 
     def entry(test_error, flip_test_error, data="CIFAR-10", **config):
         recipe = dict(
@@ -235,25 +235,27 @@ def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
             "resnet110": entry(0.07, 0.06, model="resnet110"),
         }
     }
-    assert zoo.unit_comparison_table(registry).splitlines()[2:] == [
+    assert zoo_tables.unit_comparison_table(registry).splitlines()[2:] == [
         "| resnet20 | 10.34 | 10.12 | +0.22 | 9.67 / 9.51 | 8.75 (He 2015) / none | 30 epochs, cosine |"
     ]
     # The same recipe on other data (the JPEG copy): not compared.
     jpeg = dict(registry["cifar10"], resnet20_original=entry(0.1034, 0.0967, "JPEGs", model="resnet20_original"))
-    assert zoo.unit_comparison_table({"cifar10": jpeg}).splitlines()[2:] == [
+    assert zoo_tables.unit_comparison_table({"cifar10": jpeg}).splitlines()[2:] == [
         "| none yet: no depth is shipped with both units trained by one recipe | | | | | | |"
     ]
     # No pair: a row says so, rather than a table of headers alone.
     unpaired = {"cifar10": {name: registry["cifar10"][name] for name in ("resnet20", "resnet56_original")}}
-    assert zoo.unit_comparison_table(unpaired).splitlines()[2:] == [
+    assert zoo_tables.unit_comparison_table(unpaired).splitlines()[2:] == [
         "| none yet: no depth is shipped with both units trained by one recipe | | | | | | |"
     ]
     # Table 3's own rows where the paper has both units; the original's where it has one.
     registry["cifar10"]["resnet110_original"] = entry(0.0712, 0.0655, model="resnet110_original")
-    assert zoo.unit_comparison_table(registry).splitlines()[3] == (
+    assert zoo_tables.unit_comparison_table(registry).splitlines()[3] == (
         "| resnet110 | 7.12 | 7.00 | +0.12 | 6.55 / 6.00 | 6.61 (Table 3) / 6.37 (Table 3) | 30 epochs, cosine |"
     )
-    assert [zoo.paper_error(name) for name in ("resnet56", "resnet56_original", "resnet110_original", "resnet32")] == [
+    assert [
+        zoo_tables.paper_error(name) for name in ("resnet56", "resnet56_original", "resnet110_original", "resnet32")
+    ] == [
         "6.97 (He 2015, original)",
         "6.97 (He 2015)",
         "6.61 (Table 3)",
@@ -403,7 +405,7 @@ def test_evaluate_refuses_bad_input(shipped, small_cifar, tmp_path, capsys):
 @pytest.mark.tensorflow
 def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_path, monkeypatch):
     from keras_preact_training import cli
-    from keras_preact_training.experiments import zoo
+    from keras_preact_training.experiments import zoo, zoo_tables
     from keras_preact_training.train import evaluate
 
     monkeypatch.setattr(pretrained, "WEIGHTS_DIRECTORY", str(tmp_path / "weights"))
@@ -477,7 +479,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     assert summary["steps"] * 10 == 50 and entry["images_per_second_alone"] == 0.05
     assert entry["hours_alone"] == round(50 / 0.05 / 3600, 4)
     assert pretrained.registry()["cifar10"]["resnet20"] == entry
-    assert zoo.markdown_table().splitlines()[2] == (
+    assert zoo_tables.markdown_table().splitlines()[2] == (
         f"| resnet20 | pre-activation | 0.27M | **{100 * entry['test_error']:.2f}** | "
         f"{100 * entry['flip_test_error']:.2f} | {100 * entry['train_error']:.2f} | original images | "
         f"8.75 (He 2015, original) | 8.27 | "

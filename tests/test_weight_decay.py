@@ -143,12 +143,12 @@ def test_the_training_loops_step_traces_one_fused_update_per_weight_and_no_l2_lo
 
     import tensorflow as tf
 
-    from keras_preact_training.train import engines
+    from keras_preact_training.train import tensorflow_steps
 
     def traced_operations(model, optimizer):
         optimizer.build(model.trainable_variables)
         per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-        step = engines.replica_step_function(model, optimizer, len(LABELS), per_example_loss)
+        step = tensorflow_steps.replica_step_function(model, optimizer, len(LABELS), per_example_loss)
         return tf.function(lambda: step(INPUTS, LABELS)).get_concrete_function().graph.get_operations()
 
     with_loss = collections.Counter(

@@ -74,7 +74,7 @@ def add_arguments(parser):
 
 def run(arguments):
     """Exports a run or shipped weights, reloads the SavedModel and prints its classes of images."""
-    from ..export import contract, saved_model, versions
+    from ..export import contract, saved_model, sources, versions
 
     if (arguments.run_dir is None) == (arguments.model is None) or (arguments.model is None) != (
         arguments.weights is None
@@ -96,11 +96,11 @@ def run(arguments):
     quantized = dict(precisions=("float32", *arguments.quantize), calibration_images=arguments.calibration_images)
     options = dict(formats=formats, fold_batch_norms=arguments.fold, **quantized)
     if arguments.run_dir is not None:
-        path = versions.export_run(
+        path = sources.export_run(
             arguments.run_dir, arguments.output, arguments.name, arguments.version, arguments.top_k, **options
         )
     else:
-        path = versions.export_shipped(
+        path = sources.export_shipped(
             arguments.model,
             arguments.weights,
             arguments.output,
@@ -124,7 +124,7 @@ def run(arguments):
 
 def print_classes(arguments, path, images):
     """The reloaded SavedModel's classes of `images` (--images), or of the run's first test image."""
-    from ..export import saved_model, versions
+    from ..export import saved_model, sources
 
     if arguments.images:
         width = max(len(image) for image in arguments.images)
@@ -132,7 +132,7 @@ def print_classes(arguments, path, images):
         for image, ranked in zip(arguments.images, saved_model.classify(path, images)):
             print(f"  {image:<{width}}  " + ", ".join(f"{name} {score:.1%}" for name, score in ranked[:3]))
     elif arguments.run_dir is not None:
-        image, label = versions.example_image(arguments.run_dir)
+        image, label = sources.example_image(arguments.run_dir)
         outputs = saved_model.predict_encoded(path, [image])
         ranked = ", ".join(
             f"{name.decode()} {score:.1%}" for name, score in zip(outputs["classes"][0], outputs["scores"][0])

@@ -20,7 +20,7 @@ def add_arguments(parser):
 
 
 def run(arguments):
-    from ..experiments import zoo
+    from ..experiments import zoo_tables
 
-    print(zoo.unit_comparison_table() if arguments.units else zoo.markdown_table())
+    print(zoo_tables.unit_comparison_table() if arguments.units else zoo_tables.markdown_table())
     return 0

@@ -2,7 +2,7 @@
 order of `keras_preact_training.data.datasets.example_indices`, sharded over replicas and workers, batched.
 
 The default where TensorFlow is installed, and the pipeline of `tf.distribute`
-(`engines.TensorFlowSteps`); `input_numpy` gives the same batches without TensorFlow.
+(`tensorflow_steps.TensorFlowSteps`); `input_numpy` gives the same batches without TensorFlow.
 """
 
 import socket

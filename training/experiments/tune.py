@@ -23,7 +23,6 @@ folder, so that a worker started again under the same id takes its trial back an
 from the last backup; a chief started again reloads the oracle from the output folder.
 """
 
-import csv
 import dataclasses
 import itertools
 import json
@@ -36,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..data import datasets, input_tensorflow
-from ..train import configs, engines, loop, recipe
+from ..train import configs, loop, recipe, tensorflow_steps
 from . import DEFAULT_VALIDATION_EXAMPLES, GATINGS, ablation
 
 # b_g from 0 to -10 in steps of -1 (paper, Section 3.1).
@@ -293,7 +292,7 @@ def search(
     hypermodel = GateBiasHyperModel(
         config, dataset.image_shape, len(dataset.class_names), len(training_indices), gatings, rounds, gate_biases
     )
-    strategy = None if config.strategy == "default" else engines.make_strategy(config)
+    strategy = None if config.strategy == "default" else tensorflow_steps.make_strategy(config)
     if strategy and verbose:
         print(f"Each trial runs under {type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas.")
     searcher = TUNERS[tuner](
@@ -330,7 +329,11 @@ def search(
         run_dir = os.path.join(output, f"best_{best[0]}_{best[1]}")  # resumes only the same network
         summary = loop.train(final, run_dir, verbose=bool(verbose))
         test_error = 100 * summary["test_error"]
-    write_results(output, config, results, best, test_error, len(training_indices), len(validation_indices))
+    from . import tune_results  # it reads this module's tables
+
+    tune_results.write_results(
+        output, config, results, best, test_error, len(training_indices), len(validation_indices)
+    )
     return dict(results=results, best=best, test_error=test_error)
 
 
@@ -388,91 +391,3 @@ def trial_results(searcher):
                 )
             )
     return sorted(results, key=lambda result: (GATINGS.index(result[0]), -result[1]))
-
-
-def write_results(output, config, results, best, test_error, training_examples, validation_examples):
-    gatings = [gating for gating in GATINGS if any(result[0] == gating for result in results)]
-    scores = {(gating, bias): error for gating, bias, error in results}
-    lines = [
-        f"# Gate bias b_g: {config.model} on {config.dataset}",
-        "",
-        f"Validation error (%) on {validation_examples} images held out of the training set, after training "
-        f"on the other {training_examples} for {config.duration:g} {config.schedule_unit}. The paper's "
-        'figures are test errors of ResNet-110 on CIFAR-10 after its whole recipe (Table 1); "fail": above '
-        "20 %.",
-        "",
-    ]
-    header = ["b_g"] + [f"{gating.replace('_', ' ')}: {kind}" for gating in gatings for kind in ("ours", "paper")]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    rows = []
-    for bias in GATE_BIASES:
-        cells = [str(bias)]
-        for gating in gatings:
-            error, paper = scores.get((gating, bias)), PAPER[gating].get(bias)
-            cells += ["-" if error is None else f"{error:.2f}", "-" if paper is None else str(paper)]
-            if error is not None:
-                rows.append(
-                    dict(
-                        gating=gating,
-                        gate_bias=bias,
-                        validation_error=round(error, 4),
-                        paper_test_error="" if paper is None else paper,
-                    )
-                )
-        lines.append("| " + " | ".join(cells) + " |")
-    if best:
-        lines += [
-            "",
-            f"Best: {best[0].replace('_', ' ')} at b_g = {best[1]}"
-            + ("" if test_error is None else f"; trained on the whole training set, test error {test_error:.2f} %."),
-        ]
-    with open(os.path.join(output, "gate_bias.md"), "w") as file:
-        file.write("\n".join(lines) + "\n")
-    with open(os.path.join(output, "gate_bias.csv"), "w", newline="") as file:
-        writer = csv.DictWriter(file, ["gating", "gate_bias", "validation_error", "paper_test_error"])
-        writer.writeheader()
-        writer.writerows(rows)
-    plot(results, os.path.join(output, "gate_bias.png"), config)
-    print("\n".join(lines))
-
-
-def plot(results, png_path, config):
-    """Validation error against b_g for each gating, the paper's test errors as open markers."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for index, gating in enumerate(GATINGS):
-        ours = [(bias, error) for name, bias, error in results if name == gating]
-        color = plt.cm.tab10(index)
-        if ours:
-            axis.plot(*zip(*ours), "-o", color=color, label=f"{gating.replace('_', ' ')} (ours, validation)")
-        paper = [(bias, value) for bias, value in PAPER[gating].items() if value != FAIL]
-        axis.plot(
-            *zip(*paper),
-            "s",
-            markerfacecolor="none",
-            color=color,
-            markersize=9,
-            label=f"{gating.replace('_', ' ')} (paper, test)",
-        )
-        failed = [bias for bias, value in PAPER[gating].items() if value == FAIL]
-        if failed:
-            axis.plot(failed, [20.5] * len(failed), "x", color=color, label="paper: fail (> 20 %)")
-    axis.axhline(20, color="grey", linewidth=0.6, linestyle=":")
-    axis.set(
-        xlabel="gate bias b_g",
-        ylabel="error (%)",
-        title=f"Gate bias search, {config.model} on {config.dataset}",
-        xticks=list(GATE_BIASES),
-        ylim=(0, None),
-    )
-    axis.invert_xaxis()
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(png_path)
-    plt.close(figure)
-    return png_path

@@ -105,9 +105,9 @@ PUBLIC = {
     "Preprocessing": "contract",
     "classify": "saved_model",
     "read_image_files": "saved_model",
-    "export_run": "versions",
+    "export_run": "sources",
     "export_saved_model": "versions",
-    "export_shipped": "versions",
+    "export_shipped": "sources",
 }
 
 

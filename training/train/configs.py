@@ -43,7 +43,7 @@ MERGES = {
 }
 # Keras dtype policies a network trains (and `keras_preact_training.train.evaluate` evaluates) in.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-# The strategies a run trains under: tf.distribute's (`keras_preact_training.train.engines.make_strategy`),
+# The strategies a run trains under: tf.distribute's (`keras_preact_training.train.tensorflow_steps.make_strategy`),
 # and under JAX Keras' data parallelism (`keras_preact_training.train.data_parallel`).
 TENSORFLOW_STRATEGIES = ("default", "one_device", "mirrored", "multi_worker", "tpu")
 STRATEGIES = (*TENSORFLOW_STRATEGIES, "data_parallel")

@@ -71,7 +71,7 @@ def train(config, run_dir, verbose=True, command=None, allow_config_changes=Fals
     (`command`, the command line that runs it, is recorded there).
 
     Under Keras' TensorFlow backend the steps run under the `tf.distribute` strategy of
-    `config.strategy` (`engines.TensorFlowSteps`); under JAX on one device or with Keras'
+    `config.strategy` (`tensorflow_steps.TensorFlowSteps`); under JAX on one device or with Keras'
     data parallelism (`engines.JaxSteps`), under PyTorch on one device (`engines.TorchSteps`).
     All write the same checkpoints (`keras_preact_training.train.checkpoints`), so a run started
     under one backend resumes under another.

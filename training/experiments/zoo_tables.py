@@ -1,0 +1,174 @@
+"""The model zoo's tables, from the registry (`keras_preact/weights/registry.json`): every
+shipped network beside the published errors (`keras-preact zoo`), Table 3's comparison at the
+zoo's scale (`keras-preact zoo --units`), and the zoo page's figures."""
+
+from keras_preact import pretrained
+
+from .ablation import TABLES
+from .zoo import user_command
+
+# Published CIFAR-10 test errors (%) of each depth of the zoo, for its tables: the paper's, by
+# unit, as (error, source): He et al. 2015 ("Deep Residual Learning for Image Recognition",
+# the paper's [1]), Table 6 (original units, 64k iterations), and this paper's Table 3
+# (ResNet-110 and ResNet-164 with either unit, median of 5; its home is `ablation.TABLES`);
+# and two public reimplementations' best test epoch of 200 epochs (slightly optimistic),
+# akamaster/pytorch_resnet_cifar10 (original units) and chenyaofo/pytorch-cifar-models
+# (cosine, weight decay 5e-4). The pre-activation ResNet-20 and -56 have no published row:
+# the original networks' are their targets.
+TABLE_3 = {unit: row.paper for unit, row in zip(("original", "preactivation"), TABLES[3].rows)}
+REFERENCES = {
+    "resnet20": dict(original=(8.75, "He 2015"), akamaster=8.27, chenyaofo=7.40),
+    "resnet56": dict(original=(6.97, "He 2015"), akamaster=6.61, chenyaofo=5.63),
+    "resnet110": dict(
+        **{unit: (TABLE_3[unit][("cifar10", "resnet110")], "Table 3") for unit in TABLE_3}, akamaster=6.32
+    ),
+    "resnet164": {unit: (TABLE_3[unit][("cifar10", "resnet164")], "Table 3") for unit in TABLE_3},
+}
+UNIT_NAMES = {"original": "original", "preactivation": "pre-activation"}
+
+
+def depth_and_unit(name):
+    """ "resnet56_original" -> ("resnet56", "original"); "resnet56" -> ("resnet56", "preactivation")."""
+    if name.endswith("_original"):
+        return name[: -len("_original")], "original"
+    return name, "preactivation"
+
+
+def paper_error(name, own_unit_only=False):
+    """The paper's error of the zoo network `name` as the tables print it: "6.37 (Table 3)" for
+    its own unit's row, else the other unit's, "8.75 (He 2015, original)" (or "none" with
+    `own_unit_only`); "" for a depth the paper does not report."""
+    depth, unit = depth_and_unit(name)
+    published = REFERENCES.get(depth, {})
+    if unit in published:
+        return f"{published[unit][0]:.2f} ({published[unit][1]})"
+    other = "original" if unit == "preactivation" else "preactivation"
+    if other in published:
+        return "none" if own_unit_only else f"{published[other][0]:.2f} ({published[other][1]}, {UNIT_NAMES[other]})"
+    return ""
+
+
+def in_table_order(registry=None):
+    """The shipped CIFAR-10 networks as (name, registry entry) pairs in the zoo table's
+    order: by size, then name (the pre-activation network before its original)."""
+    entries = (registry or pretrained.registry()).get("cifar10", {})
+    return sorted(entries.items(), key=lambda item: (item[1]["parameters"], item[0]))
+
+
+def trained_on(entry):
+    """What a registry entry's network trained on, as the zoo's table says it: the original
+    images, or the JPEG copy with its errors on that copy's test images (single crop / with flip)."""
+    if entry.get("jpeg_test_error") is None:
+        return "original images"
+    return (
+        f"JPEG copy (its test JPEGs: {100 * entry['jpeg_test_error']:.2f} / {100 * entry['jpeg_flip_test_error']:.2f})"
+    )
+
+
+def markdown_table(registry=None):
+    """The zoo's table: every shipped CIFAR-10 network, its final error on the 10,000 original
+    test images beside the published ones, what it trained on, its training hours and recipe,
+    its file."""
+    lines = [
+        "| network | unit | parameters | test error % | with flip % | training-set error % | trained on | paper % "
+        "| akamaster % | chenyaofo % | hours | hours alone (images/s) | recipe | file | sha256 |",
+        "|---" * 15 + "|",
+    ]
+    for name, entry in in_table_order(registry):
+        references = REFERENCES.get(depth_and_unit(name)[0], {})
+        config = entry["config"]
+        command = f"`{user_command(entry['command'], data_dir=False)}`" if entry.get("command") else ""
+        flip = f"{100 * entry['flip_test_error']:.2f}" if entry.get("flip_test_error") is not None else ""
+        training_set = f"{100 * entry['train_error']:.2f}" if entry.get("train_error") is not None else ""
+        alone = (
+            f"{entry['hours_alone']:.2f} ({entry['images_per_second_alone']:g})"
+            if entry.get("hours_alone") is not None
+            else ""
+        )
+        lines.append(
+            f"| {name} | {UNIT_NAMES[depth_and_unit(name)[1]]} | "
+            f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {flip} | {training_set} | "
+            f"{trained_on(entry)} | "
+            f"{paper_error(name)} | "
+            f"{references.get('akamaster') or ''} | {references.get('chenyaofo') or ''} | "
+            f"{entry['training_hours']:.1f} | {alone} | {command} ({config['duration']:g} {config['schedule_unit']}, "
+            f"{config.get('schedule', 'step')}, {config.get('precision', 'float32')}) | {entry['bytes'] / 2**20:.1f} MB | "
+            f"`{entry['sha256'][:12]}` |"
+        )
+    return "\n".join(lines)
+
+
+# How each of the zoo page's curve images begins (its alt text's start), which the landing script finds them by.
+CURVE_IMAGE_START = "![Test error and training loss of the zoo's"
+
+
+def curve_images(registry=None):
+    """The zoo page's figures, one per shipped network in the table's order: the curves
+    `docs/zoo_<name>_curves.png` that scripts/land_zoo_run.py draws from its run's log."""
+    images = []
+    for name, _ in in_table_order(registry):
+        depth, unit = depth_and_unit(name)
+        images.append(
+            f"{CURVE_IMAGE_START} {UNIT_NAMES[unit]} ResNet-{depth.removeprefix('resnet')}](zoo_{name}_curves.png)"
+        )
+    return "\n".join(images)
+
+
+# Config fields that say how a run was logged, where its files were, or which kernels and
+# layout computed the same network (to float rounding, `keras_preact_training.train.configs.Config`), not what it trained.
+NOT_RECIPE = (
+    "model",
+    "unit",
+    "data_dir",
+    "checkpoint_every",
+    "evaluate_every",
+    "log_every",
+    "scan_units",
+    "rematerialize",
+    "fused_batch_norm",
+    "deterministic",
+)
+
+
+def same_recipe(first, second):
+    """Whether two registry entries' networks were trained by the same recipe on the same data
+    (every config field but the network and `NOT_RECIPE`'s, and the data they describe)."""
+
+    def recipe_of(entry):
+        return {field: value for field, value in entry["config"].items() if field not in NOT_RECIPE}, entry["data"]
+
+    return recipe_of(first) == recipe_of(second)
+
+
+def unit_comparison_table(registry=None):
+    """Table 3 at the zoo's scale: each depth the zoo ships with both units trained by the same
+    recipe, the original and the pre-activation network's final test errors (single crop and
+    with the flip) and the pre-activation unit's gain, beside the paper's (a row that says so
+    where there is no such depth)."""
+    entries = (registry or pretrained.registry()).get("cifar10", {})
+    lines = [
+        "| network | original % | pre-activation % | gain (points) | with flip: original / pre-activation % "
+        "| paper: original / pre-activation % | recipe |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    pairs = [
+        (name, entries[name], entries[f"{name}_original"])
+        for name in entries
+        if f"{name}_original" in entries and same_recipe(entries[name], entries[f"{name}_original"])
+    ]
+    for name, preactivation, original in sorted(pairs, key=lambda pair: pair[1]["parameters"]):
+        config = preactivation["config"]
+        flips = (
+            f"{100 * original['flip_test_error']:.2f} / {100 * preactivation['flip_test_error']:.2f}"
+            if original.get("flip_test_error") is not None and preactivation.get("flip_test_error") is not None
+            else ""
+        )
+        gain = 100 * (original["test_error"] - preactivation["test_error"])
+        lines.append(
+            f"| {name} | {100 * original['test_error']:.2f} | {100 * preactivation['test_error']:.2f} | {gain:+.2f} | "
+            f"{flips} | {paper_error(f'{name}_original', True)} / {paper_error(name, True)} | "
+            f"{config['duration']:g} {config['schedule_unit']}, {config.get('schedule', 'step')} |"
+        )
+    if not pairs:
+        lines.append("| none yet: no depth is shipped with both units trained by one recipe | | | | | | |")
+    return "\n".join(lines)

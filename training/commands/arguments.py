@@ -12,12 +12,15 @@ CONFIG_FLAGS = ("model", "data_dir", "strategy")
 
 def config_from(arguments):
     """The config that `train`'s or `tune`'s arguments name: --config, its --set overrides (text,
-    parsed by each field's type), then the values of the flags `CONFIG_FLAGS`, as given."""
+    parsed by each field's type), then the values of the flags `CONFIG_FLAGS`, as given. Built
+    once a command line (kept on `arguments`), whether its check or its run asks first."""
     from ..train import named_configs
 
-    config = named_configs.get_config(arguments.config, arguments.set)
-    flags = {field: getattr(arguments, field) for field in CONFIG_FLAGS if getattr(arguments, field) is not None}
-    return dataclasses.replace(config, **flags)
+    if getattr(arguments, "built_config", None) is None:
+        config = named_configs.get_config(arguments.config, arguments.set)
+        flags = {field: getattr(arguments, field) for field in CONFIG_FLAGS if getattr(arguments, field) is not None}
+        arguments.built_config = dataclasses.replace(config, **flags)
+    return arguments.built_config
 
 
 def check_model(config):

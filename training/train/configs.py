@@ -8,6 +8,7 @@ Schedules are written in the unit the source uses, iterations at the config's
 """
 
 import dataclasses
+import typing
 
 import keras_preact
 from keras_preact import defaults
@@ -49,7 +50,17 @@ TENSORFLOW_STRATEGIES = ("default", "one_device", "mirrored", "multi_worker", "t
 STRATEGIES = (*TENSORFLOW_STRATEGIES, "data_parallel")
 
 
-# What `Config.__post_init__` accepts of each number field, as its error says it and as it
+# The fields that count something, each at least 1.
+POSITIVE_INTEGERS = (
+    "batch_size",
+    "reference_batch_size",
+    "image_size",
+    "evaluate_every",
+    "checkpoint_every",
+    "log_every",
+    "cpu_devices",
+)
+# What `Config.check_numbers` accepts of each number field, as its error says it and as it
 # checks it: numbers outside would train a useless network (a negative rate is gradient
 # ascent) or fail after training, without an error.
 NUMBER_RANGES = {
@@ -161,20 +172,20 @@ class Config:
     """
 
     model: str = "resnet110"
-    unit: str = None
+    unit: str | None = None
     shortcut: str = "identity"
     merge: str = "addition"
     gate_bias: float = 0.0
     scaling: tuple = (0.5, 1.0)
     shortcut_dropout: float = 0.5
     rematerialize: bool = False
-    scan_units: bool = None
+    scan_units: bool | None = None
     dataset: str = "cifar10"
-    data_dir: str = None
+    data_dir: str | None = None
     image_size: int = 32
-    train_examples: int = None
-    test_examples: int = None
-    validation_examples: int = None
+    train_examples: int | None = None
+    test_examples: int | None = None
+    validation_examples: int | None = None
     batch_size: int = 128
     learning_rate: float = 0.1
     reference_batch_size: int = 128
@@ -206,9 +217,17 @@ class Config:
     xla: bool = False
     fused_batch_norm: bool = True
     deterministic: bool = False
-    input_pipeline: str = None
+    input_pipeline: str | None = None
 
     def __post_init__(self):
+        self.check_choices()
+        self.check_numbers()
+        self.check_combinations()
+        self.check_normalization()
+        check_seed(self.seed)
+
+    def check_choices(self):
+        """Raises ValueError for a field outside its choices (datasets, schedules, units, ...)."""
         choices = {
             "dataset": ("digits", "cifar10", "cifar100", "imagenet2012", "folder"),
             "schedule_unit": ("steps", "epochs"),
@@ -223,18 +242,6 @@ class Config:
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field} must be one of {list(allowed)}. Received: {field}={getattr(self, field)!r}")
-        for field in (
-            "batch_size",
-            "reference_batch_size",
-            "image_size",
-            "evaluate_every",
-            "checkpoint_every",
-            "log_every",
-            "cpu_devices",
-        ):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field} must be a positive integer. Received: {field}={value!r}")
         if self.unit is not None:
             from keras_preact import units  # here: configs import without Keras (`keras-preact configs`)
 
@@ -242,19 +249,13 @@ class Config:
                 raise ValueError(
                     f"unit must be None (the model's) or one of {sorted(units.UNITS)}. Received: unit={self.unit!r}"
                 )
-        if len(self.scaling) != 2:
-            raise ValueError(f"scaling must be (shortcut scale, residual scale). Received: scaling={self.scaling!r}")
-        if self.xla and self.synchronized_batch_norm:
-            raise ValueError(
-                "xla and synchronized_batch_norm cannot be combined: XLA cannot compile BatchNorm's "
-                "cross-replica reduction. Received: xla=True, synchronized_batch_norm=True"
-            )
-        if self.scan_units and self.synchronized_batch_norm:
-            raise ValueError(
-                "scan_units and synchronized_batch_norm cannot be combined: tf.distribute cannot reduce "
-                "BatchNorm's statistics across replicas inside a loop. Received: scan_units=True, "
-                "synchronized_batch_norm=True"
-            )
+
+    def check_numbers(self):
+        """Raises ValueError for a count, rate or size outside what trains a useful network."""
+        for field in POSITIVE_INTEGERS:
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field} must be a positive integer. Received: {field}={value!r}")
         for field, (text, accepted) in NUMBER_RANGES.items():
             value = getattr(self, field)
             if not defaults.is_finite_number(value) or not accepted(value):
@@ -276,6 +277,25 @@ class Config:
                     f"{field} must hold finite numbers{' > 0' if field == 'normalization_std' else ''}. "
                     f"Received: {field}={values!r}"
                 )
+        if len(self.scaling) != 2:
+            raise ValueError(f"scaling must be (shortcut scale, residual scale). Received: scaling={self.scaling!r}")
+
+    def check_combinations(self):
+        """Raises ValueError for settings that cannot run together."""
+        if self.xla and self.synchronized_batch_norm:
+            raise ValueError(
+                "xla and synchronized_batch_norm cannot be combined: XLA cannot compile BatchNorm's "
+                "cross-replica reduction. Received: xla=True, synchronized_batch_norm=True"
+            )
+        if self.scan_units and self.synchronized_batch_norm:
+            raise ValueError(
+                "scan_units and synchronized_batch_norm cannot be combined: tf.distribute cannot reduce "
+                "BatchNorm's statistics across replicas inside a loop. Received: scan_units=True, "
+                "synchronized_batch_norm=True"
+            )
+
+    def check_normalization(self):
+        """Raises ValueError for a mean and std that do not fit the data set's channels."""
         channels = DATASET_CHANNELS.get(self.dataset, RGB_CHANNELS)
         for field in ("normalization_mean", "normalization_std"):
             if len(getattr(self, field)) not in (1, channels):
@@ -288,7 +308,6 @@ class Config:
                 "normalization_mean and normalization_std need as many values each. Received: "
                 f"normalization_mean={self.normalization_mean!r}, normalization_std={self.normalization_std!r}"
             )
-        check_seed(self.seed)
 
     @property
     def scaled_learning_rate(self):
@@ -318,13 +337,15 @@ class Config:
                 raise ValueError(
                     f"Each override must be field=value with a field of {sorted(fields)}. Received: {assignment!r}"
                 )
-            changes[name] = parse_value(text, fields[name].type, name, optional=fields[name].default is None)
+            changes[name] = parse_value(text, fields[name].type, name)
         return dataclasses.replace(self, **changes)
 
 
-def parse_value(text, kind, name, optional=False):
-    """Parses `text` as the field's declared type `kind` (bool, int, float, tuple or str);
-    "none" is None for any field but a bool, and for a bool whose default is None (`optional`)."""
+def parse_value(text, kind, name):
+    """Parses `text` as the field's declared type `kind` (bool, int, float, tuple or str, or one
+    of them or None); "none" is None for any field but a bool, and for a bool that may be None."""
+    optional = type(None) in typing.get_args(kind)
+    kind = next((argument for argument in typing.get_args(kind) if argument is not type(None)), kind)
     if text.lower() == "none" and (kind is not bool or optional):
         return None
     try:

@@ -102,7 +102,7 @@ def part_seconds(part, repeats):
 
 def convolution_flops(part):
     """Forward FLOPs of one convolution part (2 per multiply-add)."""
-    from keras_preact.blocks import strided_size
+    from keras_preact.base_layers import strided_size
 
     _, input_shape, filter_shape, strides, padding = part
     batch, height, width, _ = input_shape

@@ -18,7 +18,7 @@ from keras_preact import quiet_tensorflow
 _SUBMODULES = (
     "analysis",
     "architectures",
-    "blocks",
+    "base_layers",
     "defaults",
     "folding",
     "layouts",

@@ -225,7 +225,7 @@ def set_batch_norm_statistics(model: keras.Model, images: ArrayLike) -> None:
     pre-activation net whose residuals add up over hundreds of units overflows. With the
     statistics of a batch, the inference-mode output on that batch equals the
     training-mode one, up to the moving variance's Bessel correction (n / (n - 1), n
-    the values per channel; see `keras_preact.blocks.BatchNorm`): what export and
+    the values per channel; see `keras_preact.base_layers.BatchNorm`): what export and
     serving tests of untrained networks need.
     """
     layers = walks.batch_norms(model)

@@ -14,7 +14,7 @@ import itertools
 import keras
 from keras import ops
 
-from keras_preact import blocks, stacked, units, walks
+from keras_preact import base_layers, stacked, units, walks
 
 
 def fold_batch_norms(model: keras.Model) -> keras.Model:
@@ -89,7 +89,7 @@ def folding_pairs(model):
     pairs = [
         (conv, norm, own)
         for conv, norm in itertools.pairwise(layers)
-        if isinstance(conv, blocks.SymmetricConv2D) and isinstance(norm, blocks.BatchNorm)
+        if isinstance(conv, base_layers.SymmetricConv2D) and isinstance(norm, base_layers.BatchNorm)
     ]
     for layer in layers:
         if isinstance(layer, units.ResidualUnit):

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import keras
 
-from keras_preact import architectures, blocks, defaults, layouts, merges, pretrained, stacked, units
+from keras_preact import architectures, base_layers, defaults, layouts, merges, pretrained, stacked, units
 
 POOLINGS = (None, "avg", "max")
 # `include_preprocessing`'s per-channel (mean, std) on the 0-255 scale, by stem: CIFAR-10's
@@ -356,15 +356,15 @@ def _check_input_shape(architecture, input_shape):
 
 def _cifar_stem(inputs, weight_decay):
     """One 3x3 convolution with 16 filters, BN-ReLU (the paper's conv1)."""
-    x = blocks.SymmetricConv2D(16, 3, 1, weight_decay, name="stem_conv")(inputs)
-    x = blocks.batch_norm(weight_decay, "stem_bn")(x)
+    x = base_layers.SymmetricConv2D(16, 3, 1, weight_decay, name="stem_conv")(inputs)
+    x = base_layers.batch_norm(weight_decay, "stem_bn")(x)
     return keras.layers.ReLU(name="stem_relu")(x)
 
 
 def _imagenet_stem(inputs, weight_decay):
     """7x7/2 convolution with 64 filters, BN-ReLU, 3x3/2 max pooling padded by 1."""
-    x = blocks.SymmetricConv2D(64, 7, 2, weight_decay, name="stem_conv")(inputs)
-    x = blocks.batch_norm(weight_decay, "stem_bn")(x)
+    x = base_layers.SymmetricConv2D(64, 7, 2, weight_decay, name="stem_conv")(inputs)
+    x = base_layers.batch_norm(weight_decay, "stem_bn")(x)
     x = keras.layers.ReLU(name="stem_relu")(x)
     x = keras.layers.ZeroPadding2D(1, name="stem_pool_pad")(x)
     return keras.layers.MaxPooling2D(3, strides=2, name="stem_pool")(x)
@@ -372,7 +372,7 @@ def _imagenet_stem(inputs, weight_decay):
 
 STEMS = {"cifar": _cifar_stem, "imagenet": _imagenet_stem}
 FINAL_ACTIVATIONS = {
-    "batch_norm": lambda weight_decay: blocks.batch_norm(weight_decay, "final_bn"),
+    "batch_norm": lambda weight_decay: base_layers.batch_norm(weight_decay, "final_bn"),
     "relu": lambda weight_decay: keras.layers.ReLU(name="final_relu"),
 }
 

@@ -10,7 +10,7 @@ the ImageNet nets). A projection on every unit is the paper's Fig. 2(e).
 import keras
 from keras import ops
 
-from keras_preact import blocks, defaults
+from keras_preact import base_layers, defaults
 
 
 class Shortcut(keras.layers.Layer):
@@ -36,8 +36,8 @@ class Shortcut(keras.layers.Layer):
         batch, height, width, _ = input_shape
         return (
             batch,
-            blocks.strided_size(height, self.strides),
-            blocks.strided_size(width, self.strides),
+            base_layers.strided_size(height, self.strides),
+            base_layers.strided_size(width, self.strides),
             self.output_channels,
         )
 
@@ -95,10 +95,12 @@ class ProjectionShortcut(Shortcut):
     ):
         super().__init__(output_channels, strides, weight_decay, **kwargs)
         self.normalize = bool(normalize)
-        self.conv = blocks.SymmetricConv2D(
+        self.conv = base_layers.SymmetricConv2D(
             output_channels, 1, strides, self.weight_decay, name="conv", dtype=self.dtype_policy
         )
-        self.norm = blocks.batch_norm(self.weight_decay, name="bn", dtype=self.dtype_policy) if self.normalize else None
+        self.norm = (
+            base_layers.batch_norm(self.weight_decay, name="bn", dtype=self.dtype_policy) if self.normalize else None
+        )
 
     def build(self, input_shape):
         self.conv.build(input_shape)

@@ -23,7 +23,7 @@ import dataclasses
 import keras
 from keras import ops
 
-from keras_preact import blocks, defaults, merges, shortcuts
+from keras_preact import base_layers, defaults, merges, shortcuts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +127,7 @@ class ResidualUnit(keras.layers.Layer):
         branch = FORMS[form]
         self.output_channels = branch.widths(filters)[-1]
         self.convs = [
-            blocks.SymmetricConv2D(
+            base_layers.SymmetricConv2D(
                 width, kernel_size, stride, self.weight_decay, name=f"conv{index}", dtype=self.dtype_policy
             )
             for index, (width, kernel_size, stride) in enumerate(
@@ -141,7 +141,7 @@ class ResidualUnit(keras.layers.Layer):
 
     def batch_norms(self, indices):
         """One BatchNorm per index, named bn1, bn2, ... after the convolution they go with."""
-        return [blocks.batch_norm(self.weight_decay, f"bn{index}", self.dtype_policy) for index in indices]
+        return [base_layers.batch_norm(self.weight_decay, f"bn{index}", self.dtype_policy) for index in indices]
 
     def branches(self, inputs):
         """(h(x), F(x)): the shortcut path and the residual branch, before they merge.
@@ -162,7 +162,7 @@ class ResidualUnit(keras.layers.Layer):
         collectors = []
 
         def forward(x):
-            with blocks.StatisticsCollector(self.all_batch_norms()) as collector:
+            with base_layers.StatisticsCollector(self.all_batch_norms()) as collector:
                 shortcut, residual = self.branches(x)
             collectors.append(collector)
             return shortcut, residual, tuple(collector.statistics)
@@ -173,7 +173,7 @@ class ResidualUnit(keras.layers.Layer):
         return shortcut, residual
 
     def all_batch_norms(self):
-        return [layer for layer in self._flatten_layers() if isinstance(layer, blocks.BatchNorm)]
+        return [layer for layer in self._flatten_layers() if isinstance(layer, base_layers.BatchNorm)]
 
     def folding_pairs(self):
         """The (convolution, BatchNorm) pairs of the unit in which the BatchNorm reads the

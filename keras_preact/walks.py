@@ -7,7 +7,7 @@ layer module imports another to reach a network's layers.
 
 import keras
 
-from keras_preact import blocks, stacked
+from keras_preact import base_layers, stacked
 
 
 def all_layers(model):
@@ -41,7 +41,7 @@ def batch_norms(model):
 
 
 def set_fused(model, fused):
-    """Sets `keras_preact.blocks.BatchNorm.fused` on every BatchNorm of `model` (those of
+    """Sets `keras_preact.base_layers.BatchNorm.fused` on every BatchNorm of `model` (those of
     loops too); call it before the first call that is traced. Returns how many were set.
 
     Units build their BatchNorms themselves, so a unit rebuilt from a saved model has the
@@ -49,7 +49,7 @@ def set_fused(model, fused):
     """
     if not isinstance(fused, bool):
         raise ValueError(f"fused must be True or False. Received: fused={fused!r}")
-    norms = [layer for layer in batch_norms(model) if isinstance(layer, blocks.BatchNorm)]
+    norms = [layer for layer in batch_norms(model) if isinstance(layer, base_layers.BatchNorm)]
     for norm in norms:
         norm.fused = fused
     return len(norms)

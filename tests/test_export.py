@@ -310,8 +310,8 @@ def test_bad_export_arguments_are_clear_errors(resnet20_export, tmp_path, change
 def test_a_classifier_whose_layers_are_no_chain_exports_unfolded(tmp_path):
     """Any Keras classifier exports; one that is not a chain of layers, as it is."""
     inputs = keras.Input(CIFAR.shape)
-    convolved = keras_preact.blocks.SymmetricConv2D(4, 3, name="conv")(inputs)
-    joined = keras.layers.Concatenate()([keras_preact.blocks.batch_norm(0.0, "bn")(convolved), convolved])
+    convolved = keras_preact.base_layers.SymmetricConv2D(4, 3, name="conv")(inputs)
+    joined = keras.layers.Concatenate()([keras_preact.base_layers.batch_norm(0.0, "bn")(convolved), convolved])
     outputs = keras.layers.Dense(10, activation="softmax")(keras.layers.GlobalAveragePooling2D()(joined))
     network = calibrated(keras.Model(inputs, outputs), CIFAR, random_pixels(8, CIFAR))
     path = export.export_saved_model(network, str(tmp_path / "model"), CIFAR_CLASSES, CIFAR, verbose=False)

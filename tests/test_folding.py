@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import keras_preact
-from keras_preact import blocks
+from keras_preact import base_layers
 from tests.conftest import random_images
 from tests.test_fused import UNIT_KINDS, network
 
@@ -108,7 +108,7 @@ def test_folded_mixed_bfloat16_network_computes_the_same():
 
 def test_a_network_that_is_not_a_chain_is_refused():
     inputs = keras.Input((8, 8, 3))
-    convolved = blocks.SymmetricConv2D(4, 3, name="conv")(inputs)
-    outputs = keras.layers.Concatenate()([blocks.batch_norm(0.0, "bn")(convolved), convolved])
+    convolved = base_layers.SymmetricConv2D(4, 3, name="conv")(inputs)
+    outputs = keras.layers.Concatenate()([base_layers.batch_norm(0.0, "bn")(convolved), convolved])
     with pytest.raises(ValueError, match=r"layers form a chain.*Received: layer 'concatenate"):
         keras_preact.fold_batch_norms(keras.Model(inputs, outputs))

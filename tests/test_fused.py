@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import keras_preact
-from keras_preact import blocks, defaults, walks
+from keras_preact import base_layers, defaults, walks
 from tests.conftest import gradients, random_images
 
 UNIT_KINDS = ["preactivation", "original", "bn_after_addition", "relu_before_addition", "relu_only_preactivation"]
@@ -110,7 +110,7 @@ def test_fused_is_as_close_to_float32_as_portable_under_mixed_bfloat16(unit, for
 
 
 def test_the_fused_kernel_runs_on_tensorflow_only_where_it_applies():
-    norm = blocks.batch_norm(1e-4, "bn")
+    norm = base_layers.batch_norm(1e-4, "bn")
     images = random_images((2, 4, 4, 3))
     norm.build(images.shape)
     assert norm.runs_fused_kernel(images) == (keras.backend.backend() == "tensorflow")
@@ -120,7 +120,7 @@ def test_the_fused_kernel_runs_on_tensorflow_only_where_it_applies():
     norm.synchronized = False
     norm.fused = False
     assert not norm.runs_fused_kernel(images)
-    assert blocks.BatchNorm.from_config(norm.get_config()).fused is False  # the setting is saved
+    assert base_layers.BatchNorm.from_config(norm.get_config()).fused is False  # the setting is saved
 
 
 @pytest.mark.tensorflow
@@ -145,7 +145,7 @@ def test_moving_variance_is_unbiased_on_every_path():
     correction; the batch is normalized with the biased one."""
     images = np.random.default_rng(0).normal(2.0, 3.0, size=(4, 5, 5, 3)).astype("float32")
     for fused in (True, False):
-        norm = blocks.batch_norm(0.0, "bn")
+        norm = base_layers.batch_norm(0.0, "bn")
         norm.fused = fused
         outputs = keras.ops.convert_to_numpy(norm(images, training=True))
         values = images.reshape(-1, 3)

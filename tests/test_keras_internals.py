@@ -12,7 +12,7 @@ level alone).
 import keras
 
 import keras_preact
-from keras_preact import blocks, merges
+from keras_preact import base_layers, merges
 
 
 def test_layer_flatten_layers_walks_a_units_nested_layers_from_itself():
@@ -21,10 +21,10 @@ def test_layer_flatten_layers_walks_a_units_nested_layers_from_itself():
     assert hasattr(unit, "_flatten_layers"), "keras.layers.Layer._flatten_layers is gone"
     walked = list(unit._flatten_layers())
     assert walked[0] is unit
-    assert sum(isinstance(layer, blocks.BatchNorm) for layer in walked) == 2
+    assert sum(isinstance(layer, base_layers.BatchNorm) for layer in walked) == 2
     assert sum(isinstance(layer, merges.ExclusiveGating) for layer in walked) == 1
     assert unit not in list(unit._flatten_layers(include_self=False))
-    assert unit.all_batch_norms() == [layer for layer in walked if isinstance(layer, blocks.BatchNorm)]
+    assert unit.all_batch_norms() == [layer for layer in walked if isinstance(layer, base_layers.BatchNorm)]
 
 
 def test_a_models_walk_reaches_the_layers_of_its_units():

@@ -10,7 +10,7 @@ PACKAGE = os.path.join(ROOT, "training")
 # Each folder (or base module) with its place, lowest first: a module may import its own
 # folder's modules and those of lower places, never higher ones.
 PLACES = {
-    "files": 0,
+    "checked_files": 0,
     "plots": 0,
     "defaults": 0,
     "data": 1,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import keras_preact
-from keras_preact import blocks
+from keras_preact import base_layers
 from tests.conftest import gradients, random_images
 
 NETWORKS = {
@@ -77,7 +77,7 @@ def test_units_use_collecting_batch_norms_and_keep_the_option_in_their_config():
     model = keras_preact.ResNet20(rematerialize=True)
     unit = model.get_layer("stage2_unit1")
     assert unit.rematerialize and unit.get_config()["rematerialize"] is True
-    assert all(isinstance(norm, blocks.BatchNorm) for norm in unit.all_batch_norms())
+    assert all(isinstance(norm, base_layers.BatchNorm) for norm in unit.all_batch_norms())
     assert keras.layers.deserialize(keras.layers.serialize(unit)).rematerialize is True
 
 

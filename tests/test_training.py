@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from keras_preact import blocks
+from keras_preact import base_layers
 from keras_preact_training import commands, plots
 from keras_preact_training.commands import arguments
 from keras_preact_training.data import datasets, input_tensorflow
@@ -724,7 +724,7 @@ def test_the_average_gets_batchnorm_statistics_of_its_own():
     the mean of the unbiased batch variances; the layers' momentum is put back."""
     rng = np.random.default_rng(0)
     split = datasets.Split(labels=np.zeros(64, np.int64), items=rng.normal(3.0, 2.0, (64, 4, 4, 2)).astype("float32"))
-    norm = blocks.BatchNorm(momentum=0.9)
+    norm = base_layers.BatchNorm(momentum=0.9)
     model = keras.Sequential([keras.Input((4, 4, 2)), norm])
     loop.average_statistics(model, split, images=64, batch_size=16)
     batches = datasets.subset(split, 64, seed=0, shuffled=True).items.reshape(4, 16 * 4 * 4, 2)

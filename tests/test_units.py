@@ -216,7 +216,7 @@ def test_bottleneck_stride_position(stride_on, strided_conv):
 def test_strided_convolution_is_centred_on_the_pixels_the_shortcut_keeps():
     """Torch/Caffe pad a strided 3x3 convolution by 1 on every side; Keras' "same" would
     pad only the bottom and right and sample the odd pixels."""
-    conv = kp.blocks.SymmetricConv2D(1, 3, strides=2)
+    conv = kp.base_layers.SymmetricConv2D(1, 3, strides=2)
     x = random_images((1, 8, 8, 1))
     conv.build(x.shape)
     kernel = np.zeros((3, 3, 1, 1), "float32")

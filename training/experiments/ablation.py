@@ -22,7 +22,7 @@ import statistics
 
 import keras_preact
 
-from .. import files, plots
+from .. import checked_files, plots
 from ..train import named_configs
 
 # The paper reports a run whose test error exceeds 20 % as "fail" (Table 1).
@@ -234,7 +234,7 @@ def run(table_number, output, seeds=1, models=None, datasets=None, overrides=(),
             )
             summary_path = os.path.join(run_dir, "summary.json")
             if os.path.exists(summary_path):  # finished before, or by another column: read back
-                summary = files.read_json(summary_path, "delete its run folder to train it again")
+                summary = checked_files.read_json(summary_path, "delete its run folder to train it again")
             else:
                 if verbose:
                     number = trainings.index((cell.dataset, cell.model, cell.row.label)) * seeds + seed + 1

@@ -10,7 +10,7 @@ else the run's own logged hours.
 
 import os
 
-from .. import files, plots
+from .. import checked_files, plots
 
 # "Close to the best": within this many points of the lowest final error of the runs compared.
 MARGIN_POINTS = 1.0
@@ -28,7 +28,7 @@ def load_run(run_dir):
     paths = [os.path.join(run_dir, file) for file in ("summary.json", "log.csv")]
     if not all(os.path.isfile(path) for path in paths):
         raise FileNotFoundError(f"compare needs finished runs (summary.json and log.csv). Received: {run_dir!r}")
-    return files.read_json(paths[0], "train the run again, or restore the file"), plots.read_log(paths[1])
+    return checked_files.read_json(paths[0], "train the run again, or restore the file"), plots.read_log(paths[1])
 
 
 def differing_settings(configs):
@@ -87,7 +87,7 @@ def compare(run_dirs, output, images_per_second=None, target=None):
                 hours_to_target=None if reached is None else reached * hours_per_step,
             )
         )
-    files.make_directory(output, "output folder")
+    checked_files.make_directory(output, "output folder")
     plots.time_to_accuracy(
         {label: (rows, hours_per_step) for label, (_, rows, hours_per_step) in runs.items()},
         os.path.join(output, "time_to_accuracy.png"),

@@ -25,7 +25,7 @@ import numpy as np
 import keras_preact
 from keras_preact import analysis, defaults
 
-from .. import files
+from .. import checked_files
 from ..train import configs, named_configs
 
 # The paper's shortcut variants (Table 1), on pre-activation units so that, as in the
@@ -98,7 +98,7 @@ def diagnose(output, depths=(110, 164, 1001), depth=110, batch_size=16, data_dir
         raise ValueError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}")
     configs.check_seed(seed)
     keras.utils.set_random_seed(seed)
-    files.make_directory(output, "output folder")
+    checked_files.make_directory(output, "output folder")
     images, labels = real_images(batch_size, data_dir)
     measured, rows = {}, []
     for networks in comparisons(depths, depth).values():

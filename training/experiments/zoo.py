@@ -22,7 +22,7 @@ import numpy as np
 import keras_preact
 from keras_preact import checksums, pretrained
 
-from .. import files
+from .. import checked_files
 from ..data import datasets
 from ..train import evaluate, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
@@ -161,7 +161,7 @@ def finished_run(run_dir):
         raise FileNotFoundError(
             f"run_dir must be a finished training run (with summary.json). Received: run_dir={run_dir!r}"
         )
-    summary = files.read_json(summary_path, "train the run again, or restore the file")
+    summary = checked_files.read_json(summary_path, "train the run again, or restore the file")
     config = summary["config"]
     problems = []
     if summary.get("evaluated_on", "test") != "test" or config.get("validation_examples") is not None:
@@ -222,7 +222,7 @@ def register(registry_file, name, entry):
     """Writes `entry` as `name`'s CIFAR-10 entry of the registry file."""
     registry = {}
     if os.path.isfile(registry_file):
-        registry = files.read_json(registry_file, "restore it from the repository (git checkout)")
+        registry = checked_files.read_json(registry_file, "restore it from the repository (git checkout)")
     registry.setdefault("cifar10", {})[name] = entry
     with open(registry_file, "w") as file:
         json.dump(registry, file, indent=2, sort_keys=True)

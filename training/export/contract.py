@@ -23,7 +23,7 @@ import re
 
 from keras_preact import checksums
 
-from .. import files
+from .. import checked_files
 from ..data import images
 
 
@@ -257,4 +257,4 @@ def read_metadata(version_path):
     Raises:
         FileNotFoundError, ValueError: naming the file, if it is missing or not a JSON object.
     """
-    return files.read_json(os.path.join(version_path, METADATA_FILE), "export the model again")
+    return checked_files.read_json(os.path.join(version_path, METADATA_FILE), "export the model again")

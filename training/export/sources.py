@@ -12,7 +12,7 @@ import tensorflow as tf
 import keras_preact
 from keras_preact import pretrained
 
-from .. import files
+from .. import checked_files
 from ..data import datasets
 from ..train import configs
 from . import DEFAULT_DIRECTORY, DEFAULT_TOP_K
@@ -48,7 +48,7 @@ def export_run(
             f"{run_dir} holds no finished training run (model.keras and summary.json); train "
             f"with `keras-preact train --run-dir {run_dir}` first. Received: {run_dir!r}"
         )
-    summary = files.read_json(summary_path, "train the run again, or restore the file")
+    summary = checked_files.read_json(summary_path, "train the run again, or restore the file")
     config = run_config(summary)
     try:
         training_model = keras.saving.load_model(model_path)
@@ -145,7 +145,7 @@ def run_config(summary):
 def example_image(run_dir):
     """(encoded bytes, true class) of the first test image of a run's data set."""
     config = run_config(
-        files.read_json(os.path.join(run_dir, "summary.json"), "train the run again, or restore the file")
+        checked_files.read_json(os.path.join(run_dir, "summary.json"), "train the run again, or restore the file")
     )
     dataset = datasets.load(dataclasses.replace(config, test_examples=None), splits=("test",))
     split = dataset.test

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 import keras_preact
 
-from .. import files
+from .. import checked_files
 from . import DEFAULT_TOP_K, FORMATS, calibration, contract
 from .contract import MODEL_NAME, Preprocessing, versions
 from .networks import inference_network, normalization_layer
@@ -190,7 +190,7 @@ def write_version(exported, formats, path, facts, metadata):
     (the answer's and the version's `facts`, each format's files, `metadata`), and renames the
     folder to `path`; a failure leaves nothing. Returns metadata.json's contents."""
     directory = os.path.dirname(path)
-    files.make_directory(directory, "model folder")
+    checked_files.make_directory(directory, "model folder")
     shutil.rmtree(exported.path, ignore_errors=True)
     try:
         os.makedirs(exported.path)

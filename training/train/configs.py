@@ -160,7 +160,7 @@ class Config:
             (`keras_preact_training.train.precision`; a run records what it resolved to).
         xla: compile the training step with XLA.
         fused_batch_norm: BatchNorm through TensorFlow's fused kernel where it applies
-            (`keras_preact.blocks.BatchNorm`); false for the portable `keras.ops` path.
+            (`keras_preact.base_layers.BatchNorm`); false for the portable `keras.ops` path.
             The same results to float rounding, and checkpoints of either load in the other.
         deterministic: bitwise reproducible runs: deterministic kernels, one thread per
             kernel, no Grappler rewrites. Slower; a resumed or multi-worker run then

@@ -19,7 +19,7 @@ import numpy as np
 
 from keras_preact import walks
 
-from .. import files, plots
+from .. import checked_files, plots
 from ..data import datasets
 from . import EVALUATION_BATCH_SIZE, checkpoints, configs, engines, precision, recipe
 
@@ -101,7 +101,7 @@ class Run:
         self.config, self.run_dir, self.verbose = config, run_dir, verbose
         self.steps = engines.for_backend(config)
         if self.steps.chief:
-            files.make_directory(run_dir, "run folder")
+            checked_files.make_directory(run_dir, "run folder")
             check_resumed_config(config, run_dir, allow_config_changes, verbose)
         self.dataset = datasets.load(config)
         self.steps_per_epoch = configs.steps_per_epoch(self.dataset.train.size, config.batch_size)
@@ -287,7 +287,7 @@ def check_resumed_config(config, run_dir, allow_changes=False, verbose=True):
     checkpoint_dir = os.path.join(run_dir, "checkpoints")
     now = json.loads(json.dumps(dataclasses.asdict(config)))  # tuples as JSON lists, as recorded
     if os.path.exists(path) and os.path.isdir(checkpoint_dir) and os.listdir(checkpoint_dir):
-        recorded = files.read_json(path, "move the run folder away to train from the start")
+        recorded = checked_files.read_json(path, "move the run folder away to train from the start")
         # A field added to Config since the run started was its default then.
         defaults = json.loads(json.dumps(dataclasses.asdict(configs.Config())))
         recorded = {**{field: value for field, value in defaults.items() if field not in recorded}, **recorded}

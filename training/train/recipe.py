@@ -234,7 +234,7 @@ class CoupledSGD(keras.optimizers.SGD):
     each weight's update is one fused kernel (`ResourceApplyKerasMomentum`, the kernel
     of Keras 2's SGD) where Keras 3's SGD traces about 11 operations; other backends run
     Keras' update. ResNet-164's training step goes from 19,559 operations to 6,755 with
-    BatchNorm's kernel averaging its own statistics (`keras_preact.blocks`), and its first
+    BatchNorm's kernel averaging its own statistics (`keras_preact.base_layers`), and its first
     step from 27 to 12 seconds on a 2-core CPU (docs/benchmarks.md, "The first training step").
     """
 

@@ -10,10 +10,8 @@ from .protocol import MAX_REQUEST_PIXELS
 # threads, two keep the cores busy while the other thread converts and answers.
 INFERENCE_THREADS = 2
 # A request whose images decode to more pixels than this is large: decoding it takes seconds
-# (four 4096 x 4096 PNGs, MAX_REQUEST_PIXELS: 1.0 s with TensorFlow, 1.3 s with onnxruntime,
-# docs/benchmarks.md; JPEG entropy data about 30 ns a byte, 1.4 s for the 48 MB a body can
-# carry: a 228 MB 100-scan JPEG of 4096 x 4096 took 6.6 s with simplejpeg, 7.3 s with
-# TensorFlow, 2026-11-26), against milliseconds for images of the network's size.
+# where images of the network's size take milliseconds (docs/benchmarks.md, "Decoding the
+# largest request on each runtime").
 LARGE_REQUEST_PIXELS = 1024 * 1024
 
 

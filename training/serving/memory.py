@@ -1,12 +1,11 @@
 """Memory a large request freed, given back to the system.
 
-glibc's malloc keeps what a process frees for its next allocations: after four requests of
-four 4096 x 4096 PNGs and four 57 MB bodies, the onnxruntime server held 485 MB where it held
-112 MB warm, the TensorFlow one 1,130 MB against 838 MB. glibc raises its thresholds as large
+glibc's malloc keeps what a process frees for its next allocations: after requests of large
+images and bodies both servers held far more than warm (docs/benchmarks.md, "One answer per
+image, bounded bodies, cancellation and memory"). glibc raises its thresholds as large
 blocks are freed (mallopt(3): the one for mapping a block apart up to 32 MiB, the one for
 trimming the heap's top to twice that), so freed bodies, strings and pixels stay in the
-heap. Two settings bring both servers within 12 % of warm (110 % and 111 % measured,
-2026-11-26): the mapping threshold fixed at its highest (`map_large_blocks_apart`, at start),
+heap. Two settings bring both servers back near warm: the mapping threshold fixed at its highest (`map_large_blocks_apart`, at start),
 which by mallopt(3) also fixes the trimming threshold at its default of 128 KiB, and
 `malloc_trim(0)` after a request of a large body (`give_back`), which returns the free pages
 of every arena (glibc 2.8 and later). Elsewhere (musl, macOS, Windows) both are nothing:

@@ -41,9 +41,8 @@ CSV_FIELDS = [
 # The weights' average (`Config.average_momentum`) is evaluated with BatchNorm statistics
 # of its own, the mean of those of this many training images in batches of
 # AVERAGE_STATISTICS_BATCH (Izmailov et al., "Averaging Weights Leads to Wider Optima",
-# 2018, section 3.2): with the trained network's statistics, the average of a ResNet-20
-# at 15 epochs erred on 35.9 % of the validation images, with its own on 16.8 % (the
-# trained network: 16.5 %).
+# 2018, section 3.2): with the trained network's statistics an average errs several times
+# more (docs/zoo.md, "The weights' average needs BatchNorm statistics of its own").
 AVERAGE_STATISTICS_IMAGES = 4096
 AVERAGE_STATISTICS_BATCH = 256
 # The run's config as it started, beside its checkpoints: a resumed run must have the same.

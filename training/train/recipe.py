@@ -233,9 +233,10 @@ class CoupledSGD(keras.optimizers.SGD):
     about 16 per weight (its terms and their gradients), the decay here 3. On TensorFlow
     each weight's update is one fused kernel (`ResourceApplyKerasMomentum`, the kernel
     of Keras 2's SGD) where Keras 3's SGD traces about 11 operations; other backends run
-    Keras' update. ResNet-164's training step goes from 19,559 operations to 6,755 with
-    BatchNorm's kernel averaging its own statistics (`keras_preact.base_layers`), and its first
-    step from 27 to 12 seconds on a 2-core CPU (docs/benchmarks.md, "The first training step").
+    Keras' update. With BatchNorm's kernel averaging its own statistics
+    (`keras_preact.base_layers`), a deep network's traced step holds about a third of the
+    operations and its first step takes about half the time (docs/benchmarks.md, "The first
+    training step").
     """
 
     def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, name="sgd", **kwargs):
@@ -274,7 +275,7 @@ class CoupledSGD(keras.optimizers.SGD):
         # weight in one pass: the rate, the momentum and each distinct decay become one
         # tensor each for the whole step, not one each per weight, and the gradients skip
         # Keras' all-reduce, which has nothing to sum for one replica but traces an
-        # identity per weight. ResNet-164's step: 8,729 operations -> 6,755 (docs/benchmarks.md).
+        # identity per weight (docs/benchmarks.md, "The first training step").
         if keras.backend.backend() != "tensorflow" or not self.momentum:
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
         import tensorflow as tf

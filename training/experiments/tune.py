@@ -292,21 +292,7 @@ def search(
     hypermodel = GateBiasHyperModel(
         config, dataset.image_shape, len(dataset.class_names), len(training_indices), gatings, rounds, gate_biases
     )
-    strategy = None if config.strategy == "default" else tensorflow_steps.make_strategy(config)
-    if strategy and verbose:
-        print(f"Each trial runs under {type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas.")
-    searcher = TUNERS[tuner](
-        hypermodel,
-        keras_tuner.Objective(OBJECTIVE, "min"),
-        trials or len(gatings) * len(hypermodel.gate_biases),
-        config.seed,
-        directory=output,
-        project_name=f"gate_bias_{config.model}",
-        overwrite=False,
-        distribution_strategy=strategy,
-    )
-    if tuner != "hyperband":  # a resumed search keeps its saved limit unless told another
-        searcher.oracle.max_trials = trials or len(gatings) * len(hypermodel.gate_biases)
+    searcher = make_searcher(tuner, hypermodel, trials, config, output, verbose)
     try:
         searcher.search(training, validation, verbose=verbose)
     except grpc.RpcError as error:
@@ -335,6 +321,28 @@ def search(
         output, config, results, best, test_error, len(training_indices), len(validation_indices)
     )
     return dict(results=results, best=best, test_error=test_error)
+
+
+def make_searcher(tuner, hypermodel, trials, config, output, verbose):
+    """The keras-tuner tuner of the search: `tuner`'s, in `output`, resumed where it stopped,
+    each trial under `config.strategy`."""
+    strategy = None if config.strategy == "default" else tensorflow_steps.make_strategy(config)
+    if strategy and verbose:
+        print(f"Each trial runs under {type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas.")
+    limit = trials or len(hypermodel.gatings) * len(hypermodel.gate_biases)
+    searcher = TUNERS[tuner](
+        hypermodel,
+        keras_tuner.Objective(OBJECTIVE, "min"),
+        limit,
+        config.seed,
+        directory=output,
+        project_name=f"gate_bias_{config.model}",
+        overwrite=False,
+        distribution_strategy=strategy,
+    )
+    if tuner != "hyperband":  # a resumed search keeps its saved limit unless told another
+        searcher.oracle.max_trials = limit
+    return searcher
 
 
 def role():

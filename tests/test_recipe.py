@@ -8,7 +8,7 @@ import pytest
 
 import keras_preact
 from keras_preact import defaults
-from keras_preact_training.train import configs, named_configs, recipe
+from keras_preact_training.train import augmentation, configs, named_configs, recipe
 
 PAPER = named_configs.CONFIGS["cifar10_paper"]
 
@@ -110,7 +110,7 @@ def test_optimizer_is_sgd_with_the_paper_momentum_taking_over_the_weight_decay()
 
 def test_random_padded_crop_shifts_each_image_within_the_padding():
     images = np.arange(16 * 6 * 6, dtype="float32").reshape(16, 6, 6, 1) + 1
-    cropped = keras.ops.convert_to_numpy(recipe.RandomPaddedCrop(2, seed=1)(images, training=True))
+    cropped = keras.ops.convert_to_numpy(augmentation.RandomPaddedCrop(2, seed=1)(images, training=True))
     assert cropped.shape == images.shape
     offsets = set()
     for original, crop in zip(images, cropped):
@@ -122,13 +122,13 @@ def test_random_padded_crop_shifts_each_image_within_the_padding():
         offsets.add(matches[0])
     assert len(offsets) > 5  # each image its own offset
     np.testing.assert_array_equal(
-        keras.ops.convert_to_numpy(recipe.RandomPaddedCrop(2)(images, training=False)), images
+        keras.ops.convert_to_numpy(augmentation.RandomPaddedCrop(2)(images, training=False)), images
     )
 
 
 def test_random_cutout_zeroes_one_square_per_image_clipped_at_the_borders():
     images = np.ones((64, 12, 10, 2), dtype="float32")
-    cut = keras.ops.convert_to_numpy(recipe.RandomCutout(4, seed=2)(images, training=True))
+    cut = keras.ops.convert_to_numpy(augmentation.RandomCutout(4, seed=2)(images, training=True))
     centres = set()
     for image in cut:
         zeros = image == 0
@@ -144,9 +144,11 @@ def test_random_cutout_zeroes_one_square_per_image_clipped_at_the_borders():
         np.testing.assert_array_equal(image[~zeros], 1)
     assert len(centres) > 30  # each image its own square
     assert any(len(np.flatnonzero((image == 0).any((1, 2)))) < 4 for image in cut)  # some cut by a border
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(recipe.RandomCutout(4)(images, training=False)), images)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(augmentation.RandomCutout(4)(images, training=False)), images
+    )
     with pytest.raises(ValueError, match="size must be an integer >= 0. Received: size=-1"):
-        recipe.RandomCutout(-1)
+        augmentation.RandomCutout(-1)
 
 
 def test_cutout_follows_normalisation_and_is_checked():

@@ -97,23 +97,15 @@ def export_saved_model(
         preprocessing: a `Preprocessing`: image size, channels, normalisation, crop.
         version: a positive integer; default: one more than the highest in `directory`.
         top_k: how many classes and scores each prediction lists (at most all classes).
-        metadata: more JSON-serialisable facts for `metadata.json` (training config,
-            test error, ...).
-        normalization: the training model's own normalisation layer, if there is one;
-            default: a new one from `preprocessing`.
-        formats: what to write, names of `export.FORMATS`: "saved_model", "onnx" (the pixel
-            signatures as ONNX models under `<version>/onnx/`, checked with onnxruntime)
-            and/or "litert" (`predict_pixels` as LiteRT models under `<version>/litert/`,
-            checked with LiteRT's interpreter).
+        metadata: more JSON-serialisable facts for `metadata.json` (training config, ...).
+        normalization: the training model's normalisation layer (default: from `preprocessing`).
+        formats: names of `export.FORMATS` to write: "saved_model", "onnx", "litert".
         fold_batch_norms: export the network with its BatchNorms folded into the
-            convolutions before them (`keras_preact.fold_batch_norms`), in every format,
-            where its layers form a chain (every keras-preact network).
-        precisions: "float32" and the quantized precisions to write beside it, each in the
-            formats that offer it (`export.FORMATS`' precisions): "float16" (LiteRT) and
-            "int8" (ONNX and LiteRT). Each must be offered by one of `formats`.
-        calibration_images: for int8, the images that calibrate it: files, folders of them,
-            or uint8 pixels [count, H, W, C], of the network's size
-            (`keras_preact_training.export.calibration`); a few hundred training images.
+            convolutions before them (`keras_preact.fold_batch_norms`), in every format.
+        precisions: "float32" and the quantized precisions to write beside it in the formats
+            that offer them (`Format.precisions`): "float16" (LiteRT), "int8" (ONNX, LiteRT).
+        calibration_images: for int8, files, folders of them, or uint8 pixels [count, H, W,
+            C] of the network's size (`export.calibration`): a few hundred training images.
         verbose: print where the model went and how long it took.
 
     Returns:
@@ -126,20 +118,15 @@ def export_saved_model(
         FileExistsError: if the version exists (TF Serving may be serving it).
         ImportError: naming the extra, where a format's packages are missing.
     """
-    started = time.perf_counter()
-    class_names = [str(name) for name in class_names]
+    started, class_names, formats = time.perf_counter(), [str(name) for name in class_names], tuple(formats)
     check_network(network, class_names, preprocessing, top_k, directory)
-    formats = tuple(formats)
-    if not formats or not set(formats) <= set(FORMATS):
-        raise ValueError(f"formats must name some of {list(FORMATS)}. Received: formats={formats!r}")
     written = checked_precisions(formats, precisions)
-    for name in formats:
-        FORMATS[name].require()
     pixels = calibration.calibration_pixels(calibration_images, preprocessing.shape) if "int8" in precisions else None
     version = checked_version(directory, version)
-    top_k = min(top_k, len(class_names))
     answer = dict(
-        class_names=class_names, input=dict(dataclasses.asdict(preprocessing), pixel_range=[0, 255]), top_k=top_k
+        class_names=class_names,
+        input=dict(dataclasses.asdict(preprocessing), pixel_range=[0, 255]),
+        top_k=min(top_k, len(class_names)),
     )
     exported = Version(
         path=os.path.join(directory, f".partial-{version}"),
@@ -149,7 +136,7 @@ def export_saved_model(
         preprocessing=preprocessing,
         normalization=normalization or normalization_layer(preprocessing),
         class_names=class_names,
-        top_k=top_k,
+        top_k=answer["top_k"],
         precisions=written,
         pixels=pixels,
         answer=contract.answer_fields(answer),
@@ -157,9 +144,10 @@ def export_saved_model(
     path = os.path.join(directory, str(version))
     description = write_version(exported, formats, path, dict(version=version, **answer), metadata)
     if verbose:
+        seconds, megabytes = time.perf_counter() - started, directory_megabytes(path)
         print(
             f"Exported {exported.network.name} to {path} ({contents(formats, written, description)}) in "
-            f"{time.perf_counter() - started:.1f} s ({directory_megabytes(path):.1f} MB)."
+            f"{seconds:.1f} s ({megabytes:.1f} MB)."
         )
     return path
 
@@ -260,11 +248,18 @@ def contents(formats, written, description):
 
 
 def checked_precisions(formats, precisions):
-    """{format: the precisions written in it} for `precisions` (float32 always among them).
+    """{format: the precisions written in it} for `precisions` (float32 always among them),
+    each format checked to be one and its packages to be installed.
 
     Raises:
-        ValueError: for an unknown precision, or a quantized one that none of `formats` offers.
+        ValueError: for an unknown format or precision, or a quantized one that none of
+            `formats` offers.
+        ImportError: naming the extra, where a format's packages are missing.
     """
+    if not formats or not set(formats) <= set(FORMATS):
+        raise ValueError(f"formats must name some of {list(FORMATS)}. Received: formats={formats!r}")
+    for name in formats:
+        FORMATS[name].require()
     precisions = tuple(precisions)
     offered = {name: exported.precisions for name, exported in FORMATS.items()}
     known = sorted({precision for precisions_of in offered.values() for precision in precisions_of})

@@ -21,6 +21,7 @@ _SUBMODULES = (
     "base_layers",
     "defaults",
     "folding",
+    "hub",
     "layouts",
     "merges",
     "models",
@@ -90,6 +91,14 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(__all__))
+
+
+@wrapt.when_imported("keras_hub")
+def _register_hub_models(_):
+    """Once KerasHub is imported (now, if it was before keras_preact), keras-preact's KerasHub
+    classes register with Keras, so that `from_preset` loads a preset of a keras-preact
+    network (`keras_preact.hub`)."""
+    importlib.import_module("keras_preact.hub")
 
 
 @wrapt.when_imported("keras")

@@ -68,7 +68,7 @@ def test_a_users_own_training_module_and_the_package_do_not_shadow_each_other(tm
         [
             sys.executable,
             "-c",
-            "import training, keras_preact_training.train.configs as ours; print(training.WHOSE, sorted(ours.CONFIGS)[0])",
+            "import training, keras_preact_training.train.named_configs as ours; print(training.WHOSE, sorted(ours.CONFIGS)[0])",
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -131,7 +131,7 @@ def test_the_library_has_no_import_circle():
     """Layer modules import downward (walks over whole networks live above the layers), so
     that no module needs another that needs it back."""
     graph = library_imports()
-    assert graph["walks"] >= {"blocks", "stacked"} and "walks" not in graph["blocks"] | graph["stacked"]
+    assert graph["walks"] >= {"base_layers", "stacked"} and "walks" not in graph["base_layers"] | graph["stacked"]
 
     def circle_from(start, path):
         for module in sorted(graph.get(path[-1], ())):

@@ -45,7 +45,8 @@ def add_arguments(parser):
         help="saved_model (default), onnx (the pixel signatures as ONNX models in <version>/"
         "onnx/, checked with onnxruntime; needs keras-preact[onnx]), litert (predict_pixels as "
         "LiteRT models in <version>/litert/, checked with LiteRT's interpreter; needs "
-        "keras-preact[litert]) or all (the three)",
+        "keras-preact[litert]), all (the three), or kerashub (a KerasHub classifier preset in "
+        "<version>/kerashub/, loaded back with from_preset; needs keras-preact[hub])",
     )
     parser.add_argument(
         "--quantize",

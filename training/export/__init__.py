@@ -45,6 +45,8 @@ class Format:
             package it needs is missing.
         package_versions: `package_versions()` -> {package: version} of what wrote and checked it.
         checked_by: what checked each written file against the network, for messages.
+        in_all: whether `--format all` writes it (the formats a server or a device runs).
+        folded: whether it exports the network with its BatchNorms folded (where asked).
     """
 
     name: str
@@ -58,12 +60,14 @@ class Format:
     require: typing.Callable = lambda: None
     package_versions: typing.Callable = dict
     checked_by: str = ""
+    in_all: bool = True
+    folded: bool = True
 
 
 # Every format by name, in the order written into a version folder (the SavedModel first: it
 # makes the folder).
 FORMATS = {}
-FORMAT_MODULES = ("saved_model", "onnx_models", "litert")
+FORMAT_MODULES = ("saved_model", "onnx_models", "litert", "kerashub")
 
 
 def register(format):
@@ -83,7 +87,7 @@ def format_names():
 
 def chosen(name):
     """The formats `--format name` writes."""
-    return tuple(FORMATS) if name == EVERY else (name,)
+    return tuple(exported.name for exported in FORMATS.values() if exported.in_all) if name == EVERY else (name,)
 
 
 def quantized_precisions():

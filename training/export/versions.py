@@ -243,7 +243,7 @@ def contents(formats, written, description):
         FORMATS[name].title + (f" ({', '.join(written[name])})" if len(written[name]) > 1 else "") for name in formats
     ]
     kinds = " and ".join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)
-    folded = description["folded_batch_norms"]
+    folded = description["folded_batch_norms"] if any(FORMATS[name].folded for name in formats) else 0
     return kinds + (f", {folded} BatchNorms folded" if folded else "")
 
 

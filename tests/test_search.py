@@ -255,13 +255,29 @@ def test_keras_tuners_oracle_still_has_what_the_grid_reads_on_reload(tmp_path):
         (dict(worker="127.0.0.1:8000"), "A worker needs --worker-id"),
         (dict(worker="127.0.0.1:8000", worker_id="chief2"), "Received: --worker-id 'chief2'"),
         (dict(worker_id="w"), "--worker-id names a worker (with --worker HOST:PORT). Received: --worker-id 'w'"),
+        (dict(chief=""), "The chief's address must be host:port, the port 1-65535. Received: ''"),
+        (dict(chief="http://127.0.0.1:8000"), "Received: 'http://127.0.0.1:8000'"),
+        (dict(chief="nowhere.invalid:8000"), "The chief's host 'nowhere.invalid' does not resolve ("),
     ],
+    ids=["both", "no port", "port", "no id", "chief id", "id alone", "empty", "url", "unresolvable"],
 )
 def test_distributed_arguments_are_checked(options, message, monkeypatch):
     for name in (tune.ORACLE_HOST, tune.ORACLE_PORT, tune.TUNER_ID):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ValueError, match=re.escape(message)):
         tune.distribute(**options)
+
+
+@pytest.mark.commands
+def test_a_worker_whose_chief_never_answers_ends_in_one_line_within_seconds(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    result = run(*GRID, "--worker", address, "--worker-id", "lonely", "--output", str(tmp_path / "out"))
+    seconds = time.monotonic() - started
+    print(f"the worker ended after {seconds:.1f} s")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: No chief answers at {address} (asked for {tune.CHIEF_WAIT_SECONDS} s: ")
+    assert seconds < tune.CHIEF_WAIT_SECONDS + 60 and not (tmp_path / "out").exists()
 
 
 def test_keras_tuners_variables_half_set_are_refused(monkeypatch):

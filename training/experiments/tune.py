@@ -27,6 +27,8 @@ import dataclasses
 import itertools
 import json
 import os
+import socket
+import time
 
 import grpc
 import keras
@@ -364,9 +366,9 @@ def distribute(chief=None, worker=None, worker_id=None):
     """
     if worker_id and not worker:
         raise ValueError(f"--worker-id names a worker (with --worker HOST:PORT). Received: --worker-id {worker_id!r}")
-    if chief and worker:
+    if chief is not None and worker is not None:
         raise ValueError(f"A process is the chief or a worker, not both. Received: --chief {chief} --worker {worker}")
-    if not (chief or worker):
+    if chief is None and worker is None:
         partial = [name for name in (ORACLE_HOST, ORACLE_PORT, TUNER_ID) if name in os.environ]
         if partial and len(partial) < 3:
             raise ValueError(
@@ -374,16 +376,48 @@ def distribute(chief=None, worker=None, worker_id=None):
                 f"Received: only {', '.join(partial)}"
             )
         return
-    address = chief or worker
+    address = chief if chief is not None else worker
     host, separator, port = address.rpartition(":")
-    if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not separator or not host or "/" in host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"The chief's address must be host:port, the port 1-65535. Received: {address!r}")
     if worker and (not worker_id or "chief" in worker_id):
         raise ValueError(
             'A worker needs --worker-id, a name of its own without "chief" in it, the same each '
             f"time it starts. Received: --worker-id {worker_id!r}"
         )
+    try:
+        socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP)
+    except OSError as error:
+        raise ValueError(f"The chief's host {host!r} does not resolve ({error}). Received: {address!r}") from None
+    if worker:
+        wait_for_chief(host, int(port), address)
     os.environ.update({ORACLE_HOST: host, ORACLE_PORT: port, TUNER_ID: "chief" if chief else worker_id})
+
+
+# How long a worker waits for its chief to answer (the chief may still be starting: loading
+# TensorFlow and the data) before it ends, and how often it asks.
+CHIEF_WAIT_SECONDS = 30
+CHIEF_POLL_SECONDS = 0.5
+
+
+def wait_for_chief(host, port, address):
+    """Returns once a connection to the chief at `host`:`port` opens.
+
+    Raises:
+        ConnectionError: where none opens within CHIEF_WAIT_SECONDS.
+    """
+    deadline = time.monotonic() + CHIEF_WAIT_SECONDS
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=CHIEF_POLL_SECONDS).close()
+            return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(
+                    f"No chief answers at {address} (asked for {CHIEF_WAIT_SECONDS} s: {error}): start the chief "
+                    f"first (`keras-preact tune ... --chief {address}`), then this worker. Received: --worker {address!r}"
+                ) from None
+            time.sleep(CHIEF_POLL_SECONDS)
 
 
 def trial_results(searcher):

@@ -4,6 +4,7 @@
         --models resnet20 resnet110 resnet164
     python bench/training_throughput.py --data-dir ~/.cache/keras-preact/cifar10-png \\
         --config cifar10_zoo --models resnet56 --window 20   # a zoo row's rate alone
+    python bench/training_throughput.py --data-dir ... --config cifar10_zoo --set precision=float32
 
 Prints the machine, then images per second of (a) the input pipeline alone (image
 decoding, shuffling, batching, as training reads it) and (b) training each model with
@@ -60,8 +61,16 @@ def main():
         help="data_parallel under KERAS_BACKEND=jax: every device (XLA_FLAGS=--xla_force_host_platform_device_count=N "
         "splits this CPU into N)",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a field of the recipe set as `train --set` does (e.g. precision=float32)",
+    )
     arguments = parser.parse_args()
     config = named_configs.CONFIGS[arguments.config].override(
+        *arguments.set,
         "dataset=folder",
         f"data_dir={arguments.data_dir}",
         f"batch_size={arguments.batch_size}",

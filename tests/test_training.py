@@ -232,6 +232,40 @@ def test_help_documents_every_option():
         assert option in result.stdout
 
 
+def test_the_zoo_recipe_trains_on_the_image_folder(cifar_folder, tmp_path):
+    """The zoo's recipe (its precision as chosen here, the augmentation layers and Cutout)
+    for a few steps on image files read by tf.data, as the queue trains it."""
+    run_dir = tmp_path / "zoo"
+    settings = [
+        "dataset=folder",
+        "train_examples=256",
+        "test_examples=64",
+        "batch_size=32",
+        "reference_batch_size=32",
+        "schedule_unit=steps",
+        "duration=4",
+        "warmup=0",
+        "evaluate_every=4",
+        "log_every=2",
+        "cutout=16",
+        "input_pipeline=tensorflow",
+    ]
+    arguments = ["--config", "cifar10_zoo", "--model", "resnet20", "--data-dir", cifar_folder]
+    result = run_training(*arguments, "--run-dir", str(run_dir), *[f"--set={setting}" for setting in settings])
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 4 and 0 <= summary["test_error"] <= 1
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_the_decoder_knows_its_channels_before_any_image_is_read(channels):
+    """The layers after decoding (the padded crop of training) need the channel count while
+    the graph is built, whichever of its decoders an image will take."""
+    decode = tf.function(lambda encoded: input_tensorflow.decode_image(encoded, channels))
+    traced = decode.get_concrete_function(tf.TensorSpec([], tf.string))
+    assert traced.structured_outputs.shape.as_list() == [None, None, channels]
+
+
 def test_cifar10_end_to_end(cifar_folder, tmp_path):
     """Pre-activation ResNet-20, 300 steps of 64 on 10,000 CIFAR-10 images, tested on 1,000.
 

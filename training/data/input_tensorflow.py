@@ -67,7 +67,7 @@ def decode_image(encoded, channels):
     own_channels = tf.logical_or(
         tf.equal(tf.strings.substr(encoded, 0, 3), b"GIF"), tf.equal(tf.strings.substr(encoded, 0, 2), b"BM")
     )
-    return tf.cond(
+    image = tf.cond(
         jpeg,
         lambda: tf.io.decode_jpeg(encoded, channels, dct_method="INTEGER_ACCURATE"),
         lambda: tf.cond(
@@ -76,6 +76,9 @@ def decode_image(encoded, channels):
             lambda: tf.io.decode_image(encoded, channels, expand_animations=False),
         ),
     )
+    # The channels known while the graph is built, as the layers after it need them:
+    # `to_channels` computes them at run time.
+    return tf.ensure_shape(image, (None, None, channels))
 
 
 def to_channels(image, channels):

@@ -161,7 +161,7 @@ def test_landing_a_zoo_run_replaces_each_table_and_nothing_else():
 
 def test_landing_a_zoo_run_replaces_the_paragraph_of_curve_images():
     land_zoo_run = load_land_zoo_run()
-    start = land_zoo_run.zoo.CURVE_IMAGE_START
+    start = land_zoo_run.zoo_tables.CURVE_IMAGE_START
     text = f"Table.\n\n{start} pre-activation ResNet-20](zoo_resnet20_curves.png)\n\n**Status.**\n"
     images = (
         f"{start} pre-activation ResNet-20](zoo_resnet20_curves.png)\n"

@@ -156,7 +156,7 @@ def test_a_missing_extra_is_named(tmp_path, monkeypatch):
     assert not os.path.exists(tmp_path / "model")  # refused before anything is written
     with pytest.raises(
         ValueError,
-        match=r"formats must name some of \['saved_model', 'onnx', 'litert'\]. Received: "
+        match=r"formats must name some of \['saved_model', 'onnx', 'litert', 'kerashub'\]. Received: "
         r"formats=\('tflite',\)",
     ):
         export.export_saved_model(network, str(tmp_path / "model"), CIFAR_CLASSES, CIFAR, formats=("tflite",))

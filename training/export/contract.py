@@ -91,12 +91,19 @@ ONNX_ANSWER_KEY = "keras_preact.answer"
 
 
 # How the int8 ONNX models are quantized, as metadata.json records it: onnxruntime's QDQ format,
-# int8 weights per output channel and signed int8 activations (S8S8). Unsigned activations
-# (U8S8) run on x86-64 processors without VNNI through an instruction whose 16-bit
-# intermediate sums saturate (onnxruntime's quantization guide, "When and why do I need to
-# try U8U8?"): the zoo's ResNet-20 lost 0.73 points there; signed activations cannot saturate
-# so. A version whose int8 models record other settings is not served.
-ONNX_INT8_SETTINGS = {"format": "QDQ", "weights": "int8, per output channel", "activations": "int8"}
+# uint8 activations, and int8 weights per output channel in onnxruntime's reduced range
+# (`reduce_range`, -64 to 64). On x86-64 processors without VNNI onnxruntime multiplies uint8
+# by int8 through an instruction that adds two products into 16 bits, which full-range weights
+# overflow (255 x 127 x 2 > 32,767; onnxruntime's quantization guide, "When and why do I need
+# to try U8U8?") and reduced-range ones cannot (255 x 64 x 2 = 32,640). Signed activations
+# (S8S8) cannot overflow either, but ran the zoo's networks 1.2-3.4 times slower on a VNNI
+# processor at the same errors, within 0.25 points either way (docs/benchmarks.md, "Which
+# processor"). A version whose int8 models record other settings is not served.
+ONNX_INT8_SETTINGS = {
+    "format": "QDQ",
+    "weights": "int8 from -64 to 64 (onnxruntime's reduced range), per output channel",
+    "activations": "uint8",
+}
 # The LiteRT models: `predict_pixels` in each precision, under <version>/litert/.
 LITERT_DIRECTORY = "litert"
 LITERT_SIGNATURE = "predict_pixels"

@@ -2,9 +2,9 @@
 `<version>/onnx/`, written by Keras' ONNX export (tf2onnx) and checked with onnxruntime against
 the network; and on request int8 models beside them, with onnxruntime's static quantization
 as `contract.ONNX_INT8_SETTINGS` says (the QDQ format: quantize and dequantize pairs around
-each operation, which onnxruntime fuses into integer kernels; weights int8 per output
-channel, activations int8, S8S8, with scales calibrated on images the user names,
-`export.calibration`; the contract says why signed activations). Each model records the
+each operation, which onnxruntime fuses into integer kernels; weights int8 per output channel
+in 7 bits, activations uint8, with scales calibrated on images the user names,
+`export.calibration`; the contract says why 7-bit weights). Each model records the
 answer's facts (`contract.answer_fields`) in its metadata, which the onnxruntime server checks
 against metadata.json."""
 
@@ -193,8 +193,9 @@ def quantize(path, files, pixels, normalize):
                 Batches(signature.key, images),
                 quant_format=QuantFormat.QDQ,
                 per_channel=True,
-                activation_type=QuantType.QInt8,  # contract.ONNX_INT8_SETTINGS
+                activation_type=QuantType.QUInt8,  # contract.ONNX_INT8_SETTINGS
                 weight_type=QuantType.QInt8,
+                reduce_range=True,
             )
         finally:
             root.setLevel(level)

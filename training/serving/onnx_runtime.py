@@ -62,8 +62,8 @@ class OnnxRuntime:
         if precision == "int8" and described.get("settings") != contract.ONNX_INT8_SETTINGS:
             raise ValueError(
                 f"The int8 ONNX models of {path} were quantized with other settings than "
-                f"{contract.ONNX_INT8_SETTINGS} (unsigned activations, which saturate on processors without "
-                "VNNI): export the model again with `keras-preact export ... --format onnx --quantize int8 "
+                f"{contract.ONNX_INT8_SETTINGS} (8-bit weights with unsigned activations overflow on processors "
+                "without VNNI): export the model again with `keras-preact export ... --format onnx --quantize int8 "
                 "--calibration-images ...`."
             )
         self.sessions = {}

@@ -34,9 +34,11 @@ DIGITS = [
 # another order by the devices' all-reduce, float32 rounding apart each step (1e-7 to 3e-5 of
 # weights and moving statistics up to 4, 2026-11-27). Training amplifies such differences
 # step by step, as any change of rounding would (ResNet-20 on 640 CIFAR-10 images: 5e-5 in
-# the loss after 4 steps, 1.4 in a moving variance after 20), so the runs compared are short.
+# the loss after 4 steps, 1.4 in a moving variance after 20), so the runs compared are short:
+# after the 6 steps of DIGITS the stem's kernel lands 3.5e-4 apart, where a step more or less
+# moves some weight by 0.1 to 0.5.
 STEP_TOLERANCE = 1e-4
-WEIGHTS_TOLERANCE = 1e-4
+WEIGHTS_TOLERANCE = 1e-3
 # One step from the same state on one device and on every device (data_parallel), for each
 # of the first steps of a config: prints the largest difference of the states after it.
 STEP_BY_STEP = """

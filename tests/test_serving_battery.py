@@ -590,18 +590,24 @@ def test_content_length_with_chunked_is_refused_and_closed(served):
     }
 
 
-def test_a_whole_request_followed_by_a_half_close_is_answered(served):
+def test_a_half_close_is_the_client_leaving(served):
+    """The server reports a client that closes its side of the connection as gone: a request
+    that waits for the network is dropped, and told so where the socket still takes an answer;
+    one answered at once is answered."""
     _, port, _ = served
     body = json.dumps({"instances": [b64(jpegs(random_pixels(1, CIFAR))[0])]}).encode()
-    for request in (PREDICT + b"Host: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body), SMUGGLED):
+    predict = PREDICT + b"Host: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    for request, status in ((predict, 400), (SMUGGLED, 200)):
         with socket.create_connection(("127.0.0.1", port), timeout=60) as connection:
             connection.sendall(request)
             connection.shutdown(socket.SHUT_WR)
             received = b""
             while chunk := connection.recv(65536):
                 received += chunk
-        assert received.startswith(b"HTTP/1.1 200 "), received[:300]
+        assert received.startswith(b"HTTP/1.1 %d " % status), received[:300]
         assert received.count(b"HTTP/1.1 ") == 1
+        if status == 400:
+            assert json.loads(received.split(b"\r\n\r\n", 1)[1])["error"].endswith("the request was dropped.")
 
 
 def test_an_http_version_other_than_1_is_a_505(served):

@@ -47,6 +47,18 @@ def png_chunks(encoded):
     return chunks
 
 
+JPEG_COMMENT = b"\xff\xfe\x00\x04ab"
+GIF_COMMENT = b"\x21\xfe\x02ab\x00"
+# Where a GIF's blocks start, after its header, screen descriptor and 16-colour table.
+GIF_HEAD = 13 + 3 * 16
+
+
+def with_chunks(png, chunks):
+    """`png` with `chunks` (encoded) after its IHDR chunk."""
+    after_header = 8 + 12 + 13
+    return png[:after_header] + b"".join(chunks) + png[after_header:]
+
+
 def interlaced_png(pixels):
     """uint8 pixels [height, width, 3] as an Adam7-interlaced PNG (Pillow writes none)."""
     height, width = pixels.shape[:2]
@@ -208,6 +220,19 @@ def catalogue(seed=0):
         "JPEG with bytes after its end marker": jpeg + b"trailing",
         # Its last scan (a refinement of the finest bits) 100 times more: 110 scans.
         "JPEG of 110 scans": progressive[:last_scan] + progressive[last_scan:-2] * 101 + b"\xff\xd9",
+        # Headers of many blocks besides the pixels (image_formats.MAX_HEADER_SEGMENTS, 256;
+        # MAX_PNG_COMPRESSED_TEXT, 8): accepted up to the bound, refused past it.
+        "JPEG with 240 comments (and its own 8 markers)": jpeg[:2] + JPEG_COMMENT * 240 + jpeg[2:],
+        "JPEG with 300 comments": jpeg[:2] + JPEG_COMMENT * 300 + jpeg[2:],
+        "JPEG with 1,000,000 fill bytes before a marker": jpeg[:2] + b"\xff" * 1_000_000 + jpeg[2:],
+        "PNG with 8 compressed texts": with_chunks(
+            png, [png_chunk(b"zTXt", b"k\0\0" + zlib.compress(b"a" * 1000))] * 8
+        ),
+        "PNG with 9 compressed texts": with_chunks(
+            png, [png_chunk(b"zTXt", b"k\0\0" + zlib.compress(b"a" * 1000))] * 9
+        ),
+        "PNG with 300 texts": with_chunks(png, [png_chunk(b"tEXt", b"k\0v")] * 300),
+        "GIF with 300 comments": images["GIF"][:GIF_HEAD] + GIF_COMMENT * 300 + images["GIF"][GIF_HEAD:],
         "not an image: text": b"hello, world",
         "not accepted: WebP": saved(colour, "WEBP"),
         "not accepted: TIFF": saved(colour, "TIFF"),
@@ -242,6 +267,7 @@ def outcome(server, image):
         return error.status, str(error)
 
 
+HEADER_FLOOD = "a {kind} whose header holds more than 256 blocks or 4,194,304 bytes besides its pixels"
 # What the catalogue's refused files are refused for: one reason each, given by both runtimes
 # (the shared check before decoding) or, for what only a decoder finds, the same status
 # from both with each decoder's reason.
@@ -263,6 +289,11 @@ REFUSED = {
     "damaged: zero bytes": "Unknown image file format",
     "JPEG of 110 scans": "a JPEG of 110 scans: this server decodes at most 100 (each scan of a progressive JPEG "
     "is a pass over the whole image)",
+    "JPEG with 300 comments": HEADER_FLOOD.format(kind="JPEG"),
+    "JPEG with 1,000,000 fill bytes before a marker": HEADER_FLOOD.format(kind="JPEG"),
+    "PNG with 9 compressed texts": "a PNG of more than 8 compressed text chunks: this server inflates no more",
+    "PNG with 300 texts": HEADER_FLOOD.format(kind="PNG"),
+    "GIF with 300 comments": HEADER_FLOOD.format(kind="GIF"),
     "not an image: text": "Unknown image file format",
     "not accepted: WebP": "Unknown image file format",
     "not accepted: TIFF": "Unknown image file format",

@@ -45,8 +45,9 @@ def add_arguments(parser):
         "--request-timeout",
         type=float,
         default=serving.DEFAULT_REQUEST_TIMEOUT,
-        help="seconds a request has to arrive whole, headers and body; past it, 408 and the "
-        f"connection closed (default: {serving.DEFAULT_REQUEST_TIMEOUT:g})",
+        help="seconds a connection may stay idle or take to send a request's head (past them it is "
+        "closed), then seconds the request's body has to arrive (past them, 408 and the connection closed) "
+        f"(default: {serving.DEFAULT_REQUEST_TIMEOUT:g})",
     )
     parser.add_argument(
         "--runtime",

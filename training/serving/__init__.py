@@ -7,20 +7,20 @@
     image_formats.py       the image files both runtimes decode alike, told before decoding
     batching.py            the requests that wait while the network is busy, run as one call
     memory.py              memory a large request freed, given back to the system
-    application.py         the Starlette application: routes, errors as JSON, the in-flight bound
-    connections.py         HTTP/1.1 connections on h11: a deadline, a bound, JSON errors
-    server.py              serve(): asyncio on a listening socket, the runtime chosen
+    application.py         the Starlette application: routes, errors as JSON, the in-flight bound,
+                           the body's deadline, the grace of a stopping server
+    server.py              serve(): Hypercorn on a listening socket, the runtime chosen
     client.py              `keras-preact query`: a client of a TF Serving REST server
 
 The exported model's contract (its signatures, files and metadata) is
 `keras_preact_training.export.contract`, which export writes and serving reads. The onnxruntime
 runtime imports neither TensorFlow nor Keras: a deployment that serves ONNX models needs only
-onnxruntime, NumPy, Pillow, simplejpeg, Starlette and h11.
+onnxruntime, NumPy, Pillow, simplejpeg, Starlette and Hypercorn.
 """
 
 # TF Serving's REST port, the most instances one request may hold, the most :predict
-# requests in flight at once (past it: 503), the seconds a request has to arrive whole (past
-# it: 408), and the mebibytes of request bodies held at once (past it: 503). A body costs the
+# requests in flight at once (past it: 503), the seconds a request's head and then its body
+# each have to arrive (past them: the connection closed, and 408 for the body), and the mebibytes of request bodies held at once (past it: 503). A body costs the
 # server about 2.5 times its size until it is answered (docs/benchmarks.md, the server under
 # attack), so 256 MiB of bodies keep a 4 GB, 2-core server within its memory.
 DEFAULT_PORT = 8501

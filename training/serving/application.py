@@ -6,11 +6,12 @@
 
 Starlette routes (404 for other paths, 405 with Allow for other methods); every error,
 routing's included, is TF Serving's `{"error": "..."}` with its HTTP status. `:predict`
-bounds each body while reading it, the bytes of the bodies held as they arrive (past it the
-rest is read and dropped, so that the client gets the answer and not a reset) and the
-requests in flight once read (503 with Retry-After past either), parses off the event loop,
-runs the network through the `Batcher`, and drops a request whose client has gone before
-the network runs it.
+bounds each body while reading it, in size and in time (408 past `request_timeout`), the
+bytes of the bodies held as they arrive (past it the rest is read and dropped, so that the
+client gets the answer and not a reset) and the requests in flight once read (503 with
+Retry-After past either), parses off the event loop, runs the network through the `Batcher`,
+drops a request whose client has gone before the network runs it, and answers 503 to the
+requests still under way when the grace of a stopping server ends (`ServingAPI.stop`).
 """
 
 import asyncio
@@ -20,16 +21,23 @@ from starlette.applications import Starlette
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from . import DEFAULT_MAX_BODY_MEMORY, DEFAULT_MAX_IN_FLIGHT, memory, protocol
+from . import DEFAULT_MAX_BODY_MEMORY, DEFAULT_MAX_IN_FLIGHT, DEFAULT_REQUEST_TIMEOUT, memory, protocol
 from .batching import Batcher
-from .connections import RETRY_AFTER_SECONDS
 from .protocol import BadRequest
 
 # The largest request body read: 64 encoded 224 x 224 JPEGs take about 2 MB.
 MAX_BODY_BYTES = 64 * 2**20
+# The largest request line and the largest headers, bytes (past them: 414, 431). The server
+# refuses a head past MAX_HEAD_BYTES while it arrives in pieces (400, the connection closed);
+# one that arrives in one read (up to 64 KiB) reaches the application, which refuses it.
+MAX_HEAD_BYTES = 16 * 2**10
+# Where a request's scope says its body was read whole (`ServingAPI.read_body`).
+BODY_READ = "keras_preact.body_read"
+# The seconds a client told "busy" (503) is asked to wait (its Retry-After header).
+RETRY_AFTER_SECONDS = 1
 # Threads that parse request bodies (JSON, base64, image headers), off the event loop: at
 # most this many bodies are materialised at once.
 PARSE_THREADS = 2
@@ -72,15 +80,29 @@ class ServingAPI:
         max_body_memory: the most bytes of request bodies held at once, each counted as it
             arrives until its request is answered; past it the body is dropped as it is
             read and answered 503 with Retry-After.
+        request_timeout: the seconds a request's body has to arrive whole once its head has
+            (past them: 408 and the connection closed).
     """
 
-    def __init__(self, model, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True, max_body_memory=None):
-        self.model, self.max_in_flight = model, max_in_flight
+    def __init__(
+        self,
+        model,
+        max_in_flight=DEFAULT_MAX_IN_FLIGHT,
+        batching=True,
+        max_body_memory=None,
+        request_timeout=DEFAULT_REQUEST_TIMEOUT,
+    ):
+        self.model, self.max_in_flight, self.request_timeout = model, max_in_flight, request_timeout
         self.max_body_memory = DEFAULT_MAX_BODY_MEMORY * 2**20 if max_body_memory is None else max_body_memory
         self.batcher = Batcher(model, batching=batching)
         self.parsing = concurrent.futures.ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="parse")
         self.in_flight = 0
         self.body_bytes = 0  # of the bodies held now
+        self.grace_over = asyncio.Event()  # set once a stopping server's requests had their time
+
+    def stop(self, grace_seconds):
+        """The server stops: the requests under way are answered 503 after `grace_seconds`."""
+        asyncio.get_running_loop().call_later(grace_seconds, self.grace_over.set)
 
     def routes(self):
         routes = []
@@ -107,11 +129,29 @@ class ServingAPI:
         return JSONResponse(self.served(request).describe())
 
     async def predict(self, request):
+        """The request's answer; a 503 where the server stops before it is ready."""
+        answer = asyncio.ensure_future(self.answer(request))
+        grace_over = asyncio.ensure_future(self.grace_over.wait())
+        try:
+            await asyncio.wait({answer, grace_over}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            grace_over.cancel()
+        if not answer.done():
+            answer.cancel()
+            raise BadRequest("The server is stopping and could not answer in time: send the request again.", 503)
+        return answer.result()
+
+    async def answer(self, request):
         model = self.served(request)
         check_length(request)
         body_read = {"held": 0, "read": 0}  # held: the bytes counted in self.body_bytes
         try:
-            body = await self.read_body(request, body_read)
+            try:
+                body = await asyncio.wait_for(self.read_body(request, body_read), self.request_timeout)
+            except asyncio.TimeoutError:
+                raise BadRequest(
+                    f"The request body did not arrive whole within {self.request_timeout:g} s (--request-timeout).", 408
+                ) from None
             # Counted once its body is whole: a client that sends its body slowly holds its
             # bytes (within max_body_memory), never a slot that a whole request could use.
             if self.in_flight >= self.max_in_flight:
@@ -155,6 +195,7 @@ class ServingAPI:
                 chunks.clear()
                 self.body_bytes -= body_read["held"]
                 body_read["held"] = 0
+        request.scope[BODY_READ] = True
         if over:
             raise BadRequest(
                 f"The server is busy: the request bodies it holds pass {self.max_body_memory // 2**20} MiB "
@@ -165,7 +206,7 @@ class ServingAPI:
 
 
 def check_length(request):
-    """A 413 for a Content-Length past MAX_BODY_BYTES, before the body is read (h11 has
+    """A 413 for a Content-Length past MAX_BODY_BYTES, before the body is read (the server has
     already checked its framing: a valid Content-Length or chunked encoding)."""
     length = request.headers.get("content-length")
     if length is not None and int(length) > MAX_BODY_BYTES:
@@ -175,7 +216,7 @@ def check_length(request):
 async def unless_client_leaves(request, work):
     """The result of the coroutine `work`, or a ClientDisconnect as soon as the client has
     gone (`receive` answers "http.disconnect" once the body is read and the connection
-    closes: `connections.Exchange`): `work` is cancelled, and a request waiting for the
+    closes): `work` is cancelled, and a request waiting for the
     network leaves the `Batcher`'s queue unrun."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(disconnected(request))
@@ -203,41 +244,96 @@ def not_found(request):
     )
 
 
-def error(status, message, headers=None):
-    """TF Serving's JSON error."""
+def error(request, status, message, headers=None):
+    """TF Serving's JSON error; it closes the connection where the request's body was not
+    read whole (the server would otherwise read the rest, however long it takes to come)."""
+    headers = dict(headers or {})
+    if body_unread(request):
+        headers["Connection"] = "close"
     return JSONResponse({"error": message}, status, headers)
 
 
+def body_unread(request):
+    has_body = "transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"
+    return has_body and not request.scope.get(BODY_READ)
+
+
 async def bad_request(request, exception):
-    return error(
-        exception.status, str(exception), {"Retry-After": str(RETRY_AFTER_SECONDS)} if exception.status == 503 else None
-    )
+    retry = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exception.status == 503 else None
+    return error(request, exception.status, str(exception), retry)
 
 
 async def routing_error(request, exception):
     if exception.status_code == 405:
         allowed = exception.headers["Allow"]
         return error(
+            request,
             405,
             f"Method {request.method} is not allowed for {request.url.path[:200]}: use {allowed}.",
             {"Allow": allowed},
         )
     if exception.status_code == 404:
         return await bad_request(request, not_found(request))
-    return error(exception.status_code, exception.detail)
+    return error(request, exception.status_code, exception.detail)
 
 
 async def server_error(request, exception):
-    return error(500, f"{type(exception).__name__}: {(str(exception).splitlines() or [''])[0][:300]}")
+    return error(request, 500, f"{type(exception).__name__}: {(str(exception).splitlines() or [''])[0][:300]}")
 
 
 async def client_left(request, exception):
-    return Response(status_code=400)  # never sent: the client has gone
+    """Sent only where the client closed its side of the connection alone (a half-close, which
+    the server reports as the client's leaving): its request was dropped unanswered."""
+    return error(
+        request, 400, "The client closed its side of the connection before the answer: the request was dropped."
+    )
 
 
-def application(model, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True, max_body_memory=None):
+class RequestChecks:
+    """ASGI middleware, before routing: an HTTP version other than 1.0, 1.1 and 2 is refused
+    with 505, a request line past MAX_HEAD_BYTES with 414, headers past it with 431, a request
+    with both Content-Length and Transfer-Encoding with 400 (RFC 9112, section 6.1: h11 would
+    read it as chunked and keep the connection), each closing the connection."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            refusal = refused(scope)
+            if refusal is not None:
+                status, message = refusal
+                answer = JSONResponse({"error": message}, status, {"Connection": "close"})
+                return await answer(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def refused(scope):
+    """(status, message) for a request RequestChecks refuses; None for the others."""
+    version = scope.get("http_version", "1.1")
+    if version not in ("1.0", "1.1", "2"):  # h11 reads "HTTP/3.0" in a request line as HTTP/1.1
+        return 505, f"HTTP/{version} is not supported: this server speaks HTTP/1.1."
+    line = len(scope["method"]) + len(scope["raw_path"]) + len(scope.get("query_string", b"")) + 11
+    headers = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+    if line > MAX_HEAD_BYTES:
+        return 414, f"The request line is too long: at most {MAX_HEAD_BYTES} bytes. Received: {line} bytes"
+    if headers > MAX_HEAD_BYTES:
+        return 431, f"The request's headers are too large: at most {MAX_HEAD_BYTES} bytes. Received: {headers} bytes"
+    names = {name.lower() for name, _ in scope["headers"]}
+    if {b"content-length", b"transfer-encoding"} <= names:
+        return 400, "The request has both Content-Length and Transfer-Encoding: send one of them."
+    return None
+
+
+def application(
+    model,
+    max_in_flight=DEFAULT_MAX_IN_FLIGHT,
+    batching=True,
+    max_body_memory=None,
+    request_timeout=DEFAULT_REQUEST_TIMEOUT,
+):
     """The Starlette application serving `model`; `max_body_memory` in bytes (`ServingAPI`)."""
-    api = ServingAPI(model, max_in_flight, batching, max_body_memory)
+    api = ServingAPI(model, max_in_flight, batching, max_body_memory, request_timeout)
     app = Starlette(
         routes=api.routes(),
         exception_handlers={
@@ -247,6 +343,7 @@ def application(model, max_in_flight=DEFAULT_MAX_IN_FLIGHT, batching=True, max_b
             Exception: server_error,
         },
     )
+    app.add_middleware(RequestChecks)
     # A path with a trailing slash is a 404 like any other unknown path, not Starlette's
     # redirect to the URL without it, which names the host the client sent.
     app.router.redirect_slashes = False

@@ -8,8 +8,14 @@ where libpng makes its grey from the 16, and TensorFlow has no grey of a CMYK JP
 file is refused here, for both runtimes, with a reason; every other accepted file gets the
 same pixels from both (tests/test_serving_formats.py enumerates them). So is a JPEG of more
 scans than MAX_JPEG_SCANS, which both would decode, slowly.
+
+Before any decoder parses a file, `check_header` bounds from its raw bytes what its header may
+hold (JPEG markers, PNG chunks and their compressed text, GIF extensions): Pillow's parsers
+walk such blocks one by one in Python, and inflate PNG text, so that a few hundred pixels with
+a header of millions of markers cost a parse thread seconds and the server gigabytes.
 """
 
+import re
 import struct
 import zlib
 
@@ -32,6 +38,72 @@ JPEG_START_OF_SCAN = b"\xff\xda"
 # Chunks a PNG may hold (a 4096 x 4096 PNG in libpng's 8 KB IDAT chunks has about 6,000): the
 # walk over them stays within milliseconds.
 MAX_PNG_CHUNKS = 2**16
+# What an image may hold besides its pixel data: JPEG markers before the first scan, PNG chunks
+# other than IDAT, GIF extensions before the first frame, and their bytes. A camera's JPEG
+# holds about ten (EXIF, an ICC profile in 64 KB pieces, XMP), a PNG editor's a few dozen.
+MAX_HEADER_SEGMENTS = 256
+MAX_HEADER_BYTES = 4 * 2**20
+# PNG text chunks that Pillow inflates (zTXt; iTXt with its compression flag set), each up to
+# Pillow's ImageFile.MAX_TEXT_CHUNK (1 MiB) inflated.
+MAX_PNG_COMPRESSED_TEXT = 8
+JPEG_START = b"\xff\xd8"
+GIF_SIGNATURES = (b"GIF87a", b"GIF89a")
+# JPEG markers without a length: TEM and the restart markers RST0-RST7.
+JPEG_STANDALONE = {0x01, *range(0xD0, 0xD8)}
+JPEG_FILL = re.compile(rb"\xff+")
+
+
+def check_header(encoded):
+    """Raises a ValueError that says why, where `encoded`'s header holds more than
+    MAX_HEADER_SEGMENTS blocks or MAX_HEADER_BYTES besides its pixel data, read from its bytes
+    before any decoder parses them (what is damaged is left to `check` and the decoders)."""
+    if encoded.startswith(PNG_SIGNATURE):
+        check_png_header(encoded)
+    elif encoded.startswith(JPEG_START):
+        check_jpeg_header(encoded)
+    elif encoded[:6] in GIF_SIGNATURES:
+        check_gif_header(encoded)
+
+
+def header_bounded(kind, segments, size):
+    if segments > MAX_HEADER_SEGMENTS or size > MAX_HEADER_BYTES:
+        raise ValueError(
+            f"a {kind} whose header holds more than {MAX_HEADER_SEGMENTS} blocks or {MAX_HEADER_BYTES:,} "
+            "bytes besides its pixels: this server reads no more"
+        )
+
+
+def check_jpeg_header(encoded):
+    """The markers before the first scan (start of scan, SOS), each with its length, and the fill
+    bytes before them (0xFF, which Pillow's parser reads one at a time: 0.36 s a megabyte)."""
+    position, segments = len(JPEG_START), 0
+    while position + 4 <= len(encoded) and encoded[position] == 0xFF:
+        fill_end = JPEG_FILL.match(encoded, position).end()
+        segments += fill_end - position - 1  # fill bytes before a marker, each a step of a parser
+        position = fill_end - 1
+        marker = encoded[position + 1] if position + 1 < len(encoded) else 0xDA
+        if marker == 0xDA:
+            return
+        segments += 1
+        position += 2 if marker in JPEG_STANDALONE else 2 + int.from_bytes(encoded[position + 2 : position + 4], "big")
+        header_bounded("JPEG", segments, position)
+
+
+def check_gif_header(encoded):
+    """The extensions before the first image descriptor, each a chain of sub-blocks."""
+    if len(encoded) < 13:
+        return  # the decoder says what is wrong
+    flags = encoded[10]
+    position = 13 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)
+    segments = 0
+    while position + 2 <= len(encoded) and encoded[position] == 0x21:  # an extension
+        segments += 1
+        position += 2
+        while position < len(encoded) and encoded[position]:
+            position += encoded[position] + 1
+            header_bounded("GIF", segments, position)
+        position += 1
+        header_bounded("GIF", segments, position)
 
 
 def check(encoded, image_format, mode, channels):
@@ -58,6 +130,27 @@ def check_jpeg(encoded, mode, channels):
         raise ValueError(
             f"a CMYK JPEG for a 1-channel model: TensorFlow's JPEG decoder makes no grey of CMYK; {SEND_PNG}"
         )
+
+
+def check_png_header(encoded):
+    """The chunks besides IDAT, anywhere in the file (Pillow reads those after the pixels too),
+    within the header's bounds, at most MAX_PNG_COMPRESSED_TEXT of them compressed text."""
+    position, kind, chunks = len(PNG_SIGNATURE), b"", 0
+    others, other_bytes, compressed_text = 0, 0, 0
+    while kind != b"IEND" and position + 8 <= len(encoded) and chunks < MAX_PNG_CHUNKS:
+        chunks += 1
+        (length,) = struct.unpack(">I", encoded[position : position + 4])
+        kind = encoded[position + 4 : position + 8]
+        end = position + 12 + length
+        if kind != b"IDAT":
+            others, other_bytes = others + 1, other_bytes + length
+            header_bounded("PNG", others, other_bytes)
+            compressed_text += kind == b"zTXt" or (kind == b"iTXt" and compressed_itxt(encoded[position + 8 : end - 4]))
+            if compressed_text > MAX_PNG_COMPRESSED_TEXT:
+                raise ValueError(
+                    f"a PNG of more than {MAX_PNG_COMPRESSED_TEXT} compressed text chunks: this server inflates no more"
+                )
+        position = end
 
 
 def check_png(encoded, channels):
@@ -115,3 +208,9 @@ def check_bmp(encoded, mode):
             f"a damaged BMP: its {abs(height)} rows need {offset + stride * abs(height)} bytes, the file "
             f"has {len(encoded)} (truncated)"
         )
+
+
+def compressed_itxt(data):
+    """Whether an iTXt chunk's data (keyword, NUL, compression flag, ...) says compressed."""
+    keyword_end = data.find(b"\0")
+    return keyword_end >= 0 and keyword_end + 1 < len(data) and data[keyword_end + 1] == 1

@@ -223,13 +223,18 @@ def count_separators(body, limit):
 
 def checked_images(images, key, channels):
     """The encoded `images` as the network of `channels` decodes them, and their pixels, read
-    from their headers (Pillow reads a header without decoding the image): a BadRequest for
-    files that are not JPEG, PNG, GIF or BMP, for those the two runtimes would decode
+    from their headers (Pillow reads a header without decoding the image, once
+    `image_formats.check_header` has bounded it): a BadRequest for files whose headers hold
+    too much, that are not JPEG, PNG, GIF or BMP, for those the two runtimes would decode
     differently (`image_formats.check`), for an image over MAX_IMAGE_PIXELS and for a request over
     MAX_REQUEST_PIXELS. A GIF (`FIRST_FRAME_ONLY`) is replaced by its first frame as PNG,
     decoded here once its size is known to fit, so that no later frame is ever decoded."""
     total, checked = 0, []
     for index, encoded in enumerate(images):
+        try:
+            image_formats.check_header(encoded)
+        except ValueError as error:
+            raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): {error}") from None
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # refused below, by our own bound

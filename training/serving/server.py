@@ -1,6 +1,13 @@
-"""`keras-preact serve`: the application served on a socket opened first, until Ctrl-C or SIGTERM.
+"""`keras-preact serve`: the application served by Hypercorn on a socket opened first, until
+Ctrl-C or SIGTERM.
 
-asyncio accepts the connections (`loop.create_server`), each a `connections.Connection`.
+Hypercorn (`bench/http_servers.py` measured it beside uvicorn and Granian, docs/serving.md) holds
+the connections through its public settings: a request's head must arrive within
+`request_timeout` of the connection opening or of the previous answer (its keep-alive timeout,
+which a head sent a byte at a time does not restart), heads are bounded in size, and a client
+that does not read its answers stops being read (each answer waits for the socket to drain).
+The application bounds what the server cannot: the body's arrival and the grace given to the
+requests under way at SIGTERM (`application.ServingAPI`).
 """
 
 import asyncio
@@ -19,17 +26,14 @@ from . import (
     DEFAULT_REQUEST_TIMEOUT,
     memory,
 )
-from .application import application
-from .connections import Connections
+from .application import MAX_HEAD_BYTES, application
 from .model import ModelServer, runtime_formats
 
 # Connections waiting to be accepted (the standard library's default of 5 reset clients at
 # 32 concurrent connections).
 LISTEN_BACKLOG = 1024
-# Connections open at once (past it: 503, then closed).
-MAX_CONNECTIONS = 2048
-# Seconds the requests under way have to be answered once the server is told to stop (uvicorn's
-# graceful-shutdown timeout, which this server kept).
+# Seconds the requests under way have to be answered once the server is told to stop; past them,
+# 503. Hypercorn waits one second more, so that the 503s are written.
 STOP_SECONDS = 5
 
 
@@ -71,43 +75,65 @@ def serve(
         auto_model(directory, max_batch) if runtime == "auto" else ModelServer(directory, max_batch, runtime, precision)
     )
     listening = listening_socket(host, port)  # clients queue from here on
-    connections = Connections(
-        application(model, max_in_flight, batching, max_body_memory * 2**20),
-        request_timeout,
-        MAX_CONNECTIONS,
-        access_log=verbose,
-    )
+    app = application(model, max_in_flight, batching, max_body_memory * 2**20, request_timeout)
     print(
         f"Serving {model.name} version {model.version} ({model.path}, {model.runtime.name}) at "
         f"http://{host}:{listening.getsockname()[1]}/v1/models/{model.name}",
         flush=True,
     )
-    asyncio.run(run(connections, listening))
+    run_loop(run(app, server_config(listening, request_timeout, verbose)))
 
 
-async def run(connections, listening):
-    """Accepts `listening`'s connections until SIGINT or SIGTERM; then answers the requests
-    under way (for at most STOP_SECONDS) and closes every connection."""
+def run_loop(coroutine):
+    """Runs `coroutine` on uvloop's event loop where uvloop is installed (libuv's: the server
+    answers a lone client about a third faster, docs/benchmarks.md), on asyncio's otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
+def server_config(listening, request_timeout, access_log=False):
+    """Hypercorn's settings: `listening` served, heads bounded in time and size, stopping within
+    STOP_SECONDS, an access log on standard output where asked for."""
+    import hypercorn.config
+
+    config = hypercorn.config.Config()
+    config.bind = [f"fd://{listening.fileno()}"]
+    config.backlog = LISTEN_BACKLOG
+    config.keep_alive_timeout = request_timeout
+    config.h11_max_incomplete_size = MAX_HEAD_BYTES
+    config.graceful_timeout = STOP_SECONDS + 1
+    config.accesslog = "-" if access_log else None
+    config.loglevel = "WARNING"
+    config.include_server_header = False
+    return config
+
+
+async def run(app, config):
+    """Serves `app` until SIGINT or SIGTERM; then gives the requests under way STOP_SECONDS
+    (`ServingAPI.stop`) while Hypercorn closes the idle connections."""
+    import hypercorn.asyncio
+
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for number in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(number, stop.set)
-    server = await loop.create_server(connections.protocol, sock=listening)
-    await stop.wait()
-    server.close()
-    connections.stop()
-    deadline = loop.time() + STOP_SECONDS
-    while connections.open and loop.time() < deadline:
-        await asyncio.sleep(0.05)
-    connections.abort()
-    await server.wait_closed()
+
+    async def stopped():
+        await stop.wait()
+        app.state.api.stop(STOP_SECONDS)
+
+    await hypercorn.asyncio.serve(app, config, shutdown_trigger=stopped)
 
 
 def listening_socket(host, port):
-    """A TCP socket listening on host:port with LISTEN_BACKLOG. Created with IPPROTO_TCP:
-    asyncio sets TCP_NODELAY on the connections it accepts only from a socket whose
-    protocol says TCP, and without it Nagle's algorithm holds every kept-alive response
-    after the first for a delayed ACK (about 40 ms)."""
+    """A TCP socket listening on host:port with LISTEN_BACKLOG, opened before the model is
+    loaded so that a busy port is one clear line. Created with IPPROTO_TCP: asyncio sets
+    TCP_NODELAY on the connections it accepts only from a socket whose protocol says TCP, and
+    without it Nagle's algorithm holds every kept-alive response after the first for a
+    delayed ACK (about 40 ms)."""
     listening = socket.socket(
         socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
     )

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from keras_preact_training.data import datasets
-from keras_preact_training.experiments import ablation, tune
+from keras_preact_training.experiments import ablation, tune, tune_processes
 from keras_preact_training.train import named_configs, recipe
 from tests.conftest import KERAS_PREACT
 
@@ -262,10 +262,10 @@ def test_keras_tuners_oracle_still_has_what_the_grid_reads_on_reload(tmp_path):
     ids=["both", "no port", "port", "no id", "chief id", "id alone", "empty", "url", "unresolvable"],
 )
 def test_distributed_arguments_are_checked(options, message, monkeypatch):
-    for name in (tune.ORACLE_HOST, tune.ORACLE_PORT, tune.TUNER_ID):
+    for name in (tune_processes.ORACLE_HOST, tune_processes.ORACLE_PORT, tune_processes.TUNER_ID):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ValueError, match=re.escape(message)):
-        tune.distribute(**options)
+        tune_processes.distribute(**options)
 
 
 @pytest.mark.commands
@@ -276,20 +276,22 @@ def test_a_worker_whose_chief_never_answers_ends_in_one_line_within_seconds(tmp_
     seconds = time.monotonic() - started
     print(f"the worker ended after {seconds:.1f} s")
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
-    assert result.stderr.startswith(f"error: No chief answers at {address} (asked for {tune.CHIEF_WAIT_SECONDS} s: ")
-    assert seconds < tune.CHIEF_WAIT_SECONDS + 60 and not (tmp_path / "out").exists()
+    assert result.stderr.startswith(
+        f"error: No chief answers at {address} (asked for {tune_processes.CHIEF_WAIT_SECONDS} s: "
+    )
+    assert seconds < tune_processes.CHIEF_WAIT_SECONDS + 60 and not (tmp_path / "out").exists()
 
 
 def test_keras_tuners_variables_half_set_are_refused(monkeypatch):
-    monkeypatch.setenv(tune.ORACLE_HOST, "127.0.0.1")
-    monkeypatch.delenv(tune.ORACLE_PORT, raising=False)
-    monkeypatch.delenv(tune.TUNER_ID, raising=False)
+    monkeypatch.setenv(tune_processes.ORACLE_HOST, "127.0.0.1")
+    monkeypatch.delenv(tune_processes.ORACLE_PORT, raising=False)
+    monkeypatch.delenv(tune_processes.TUNER_ID, raising=False)
     with pytest.raises(
         ValueError,
         match="needs KERASTUNER_ORACLE_IP, KERASTUNER_ORACLE_PORT and KERASTUNER_TUNER_ID. "
         "Received: only KERASTUNER_ORACLE_IP",
     ):
-        tune.distribute()
+        tune_processes.distribute()
 
 
 # The ablation runner --------------------------------------------------------------------

@@ -81,12 +81,15 @@ check = check_config_data
 
 
 def run(arguments):
-    from ..experiments import tune
-    from ..train import engines
+    from ..experiments import tune_processes
 
     config = config_from(arguments)
     check_model(config)
-    tune.distribute(arguments.chief, arguments.worker, arguments.worker_id)
+    tune_processes.distribute(arguments.chief, arguments.worker, arguments.worker_id)  # before TensorFlow loads
+
+    from ..experiments import tune
+    from ..train import engines
+
     engines.configure(config)
     result = tune.search(
         config,

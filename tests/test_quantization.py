@@ -17,6 +17,7 @@ from keras_preact_training import cli, export
 from keras_preact_training.data import images, input_tensorflow
 from keras_preact_training.export import calibration, contract, litert
 from keras_preact_training.serving.model import ModelServer
+from keras_preact_training.serving.protocol import BadRequest
 from tests.test_export import CIFAR, CIFAR_CLASSES, random_pixels
 from tests.test_serving_battery import swap_onnx_files
 
@@ -151,6 +152,34 @@ def test_onnxruntime_serves_the_int8_models_when_asked(quantized, test_images):
         )
 
 
+def test_int8_refuses_normalized_inputs_it_would_saturate(quantized, test_images):
+    """metadata.json records the float inputs each int8 model quantizes without saturating (its
+    input's QuantizeLinear); `predict_normalized` answers inside them (widened to what any pixel
+    normalizes to) and refuses values past them (400) where float32 answers."""
+    directory = os.path.dirname(quantized)
+    servers = {
+        precision: ModelServer(directory, runtime="onnxruntime", precision=precision)
+        for precision in ("float32", "int8")
+    }
+    ranges = contract.onnx_models(servers["int8"].metadata, "int8")["input_ranges"]
+    assert list(ranges) == ["predict_normalized"]
+    lowest, highest = ranges["predict_normalized"]
+    calibration = images.preprocess(test_images[0][:50], servers["int8"].preprocessing)
+    assert lowest < 0 < highest and (highest - lowest) > 0.5 * (calibration.max() - calibration.min())
+    normalized = images.preprocess(test_images[0][:2], servers["int8"].preprocessing)
+    for values, int8_status in ((normalized, 200), (normalized * 1000, 400)):
+        body = json.dumps({"signature_name": "predict_normalized", "instances": values.tolist()}).encode()
+        answers = {}
+        for precision, server in servers.items():
+            try:
+                answers[precision] = (200, server.predict(body))
+            except BadRequest as error:
+                answers[precision] = (error.status, str(error))
+        assert answers["float32"][0] == 200 and answers["int8"][0] == int8_status, answers["int8"]
+    assert answers["int8"][1].startswith("The inputs hold values from ")
+    assert "outside" in answers["int8"][1] and "the int8 model takes" in answers["int8"][1]
+
+
 def damaged_copy(quantized, tmp_path, change):
     directory = tmp_path / "cifar10_resnet20"
     shutil.copytree(os.path.dirname(quantized), directory)
@@ -161,6 +190,12 @@ def damaged_copy(quantized, tmp_path, change):
 def without_int8_hashes(version):
     metadata = json.loads((version / "metadata.json").read_text())
     metadata["onnx"]["quantized"]["int8"].pop("sha256")
+    (version / "metadata.json").write_text(json.dumps(metadata))
+
+
+def without_input_ranges(version):
+    metadata = json.loads((version / "metadata.json").read_text())
+    metadata["onnx"]["quantized"]["int8"].pop("input_ranges")
     (version / "metadata.json").write_text(json.dumps(metadata))
 
 
@@ -279,6 +314,12 @@ def zero_point_types(model, kind):
             ),
             "The int8 ONNX models of {version} were quantized with other settings than",
         ),
+        (
+            without_input_ranges,
+            "The int8 ONNX models of {version} record no range of the inputs they quantize (exported before "
+            "serve checked them): export the model again with `keras-preact export ... --format onnx "
+            "--quantize int8 --calibration-images ...`.",
+        ),
     ],
     ids=[
         "altered",
@@ -288,6 +329,7 @@ def zero_point_types(model, kind):
         "class names edited",
         "exported before the settings",
         "8-bit weights",
+        "exported before the input ranges",
     ],
 )
 def test_the_int8_files_are_checked_at_start(quantized, tmp_path, change, message):

@@ -62,6 +62,7 @@ def write(version):
                 sha256=contract.digests(version.path, int8_files),
                 calibration_images=len(version.pixels),
                 settings=contract.ONNX_INT8_SETTINGS,
+                input_ranges=input_ranges(version.path, int8_files),
             )
         )
     return {"onnx": described}
@@ -149,6 +150,38 @@ def record_answer(path, relative_files, answer):
         properties = {entry.key: entry.value for entry in model.metadata_props}
         onnx.helper.set_model_props(model, {**properties, contract.ONNX_ANSWER_KEY: answer})
         onnx.save(model, os.path.join(path, file))
+
+
+# ONNX operators that move values without changing them, between a model's input and its first
+# QuantizeLinear.
+VALUE_PRESERVING_OPS = ("Transpose", "Reshape", "Identity", "Squeeze", "Unsqueeze")
+
+
+def input_ranges(path, files):
+    """{signature: [lowest, highest]} of the float inputs the int8 models of `files` quantize
+    without saturating: ((0 - zero point) x scale, (255 - zero point) x scale) of the
+    QuantizeLinear that reads the model's input (`serve` refuses values outside it)."""
+    import onnx
+    from onnx import numpy_helper
+
+    ranges = {}
+    for name, file in files.items():
+        if contract.SIGNATURES[name].dtype != "float32":
+            continue
+        graph = onnx.load(os.path.join(path, file)).graph
+        constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+        tensor = graph.input[0].name
+        while True:  # through the layout changes tf2onnx puts first (NHWC to NCHW)
+            readers = [node for node in graph.node if tensor in node.input]
+            quantizers = [node for node in readers if node.op_type == "QuantizeLinear"]
+            if quantizers:
+                scale, zero_point = float(constants[quantizers[0].input[1]]), int(constants[quantizers[0].input[2]])
+                ranges[name] = [(0 - zero_point) * scale, (255 - zero_point) * scale]
+                break
+            if len(readers) != 1 or readers[0].op_type not in VALUE_PRESERVING_OPS:
+                raise ValueError(f"The int8 ONNX model {file} quantizes its input nowhere this export can find.")
+            tensor = readers[0].output[0]
+    return ranges
 
 
 def quantize(path, files, pixels, normalize):

@@ -66,6 +66,25 @@ class OnnxRuntime:
                 "without VNNI): export the model again with `keras-preact export ... --format onnx --quantize int8 "
                 "--calibration-images ...`."
             )
+        if precision == "int8" and "input_ranges" not in described:
+            raise ValueError(
+                f"The int8 ONNX models of {path} record no range of the inputs they quantize (exported before "
+                "serve checked them): export the model again with `keras-preact export ... --format onnx "
+                "--quantize int8 --calibration-images ...`."
+            )
+        # The float inputs an int8 model takes, by signature: those it quantizes without saturating,
+        # widened to what any pixel normalizes to (an image's extremes the calibration images lacked
+        # saturate a little, as they do through serving_default).
+        self.input_ranges = {}
+        if precision != "float32":
+            pixels = [
+                ((0 - mean) / std, (255 - mean) / std)
+                for mean, std in zip(preprocessing.normalization_mean, preprocessing.normalization_std)
+            ]
+            self.input_ranges = {
+                signature: (min(lowest, *(low for low, _ in pixels)), max(highest, *(high for _, high in pixels)))
+                for signature, (lowest, highest) in described["input_ranges"].items()
+            }
         self.sessions = {}
         for signature in contract.ONNX_MODELS:
             file = os.path.join(path, files[signature])
@@ -101,8 +120,11 @@ class OnnxRuntime:
         """The outputs (numpy arrays by name) of `signature` for `values`.
 
         Raises:
-            BadRequest: for encoded images that do not decode.
+            BadRequest: for encoded images that do not decode, and for values an int8 model would
+                saturate (outside the range it was calibrated on).
         """
+        if signature in self.input_ranges:
+            check_range(values, *self.input_ranges[signature])
         signature = contract.SIGNATURES[signature]
         if signature.dtype == "string":
             try:
@@ -119,6 +141,20 @@ class OnnxRuntime:
         ranked = np.argsort(-outputs["probabilities"], axis=-1, kind="stable")[:, : self.top_k]
         return dict(
             outputs, classes=self.class_names[ranked], scores=np.take_along_axis(outputs["probabilities"], ranked, -1)
+        )
+
+
+def check_range(values, lowest, highest):
+    """A BadRequest for values outside [lowest, highest]: an int8 model would answer for them as
+    if they were at the range's edge (quantization saturates), where float32 answers for them, as
+    it refuses non-finite values (`protocol.parse`)."""
+    values = np.asarray(values)
+    low, high = float(values.min()), float(values.max())
+    if low < lowest or high > highest:
+        raise BadRequest(
+            f"The inputs hold values from {low:.6g} to {high:.6g}, outside {lowest:.6g} to {highest:.6g}, the range "
+            "the int8 model takes (calibrated, or of normalized pixels): it would answer as if they were at its edge. Send values "
+            "normalized as the pixels of images are, or serve the float32 models (without --precision int8)."
         )
 
 

@@ -31,8 +31,8 @@ from .protocol import BadRequest
 # The largest request body read: 64 encoded 224 x 224 JPEGs take about 2 MB.
 MAX_BODY_BYTES = 64 * 2**20
 # The largest request line and the largest headers, bytes (past them: 414, 431). The server
-# refuses a head past MAX_HEAD_BYTES while it arrives in pieces (400, the connection closed);
-# one that arrives in one read (up to 64 KiB) reaches the application, which refuses it.
+# refuses a head past MAX_HEAD_BYTES while it arrives in pieces (its 431, empty, the connection
+# closed); one that arrives in one read (up to 64 KiB) reaches the application, which refuses it.
 MAX_HEAD_BYTES = 16 * 2**10
 # Where a request's scope says its body was read whole (`ServingAPI.read_body`).
 BODY_READ = "keras_preact.body_read"

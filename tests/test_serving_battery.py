@@ -28,6 +28,7 @@ from keras_preact_training import export
 from keras_preact_training.data import input_tensorflow
 from keras_preact_training.export import contract, saved_model
 from keras_preact_training.serving import client as query_client
+from keras_preact_training.serving import image_formats
 from keras_preact_training.serving.application import ServingAPI
 from keras_preact_training.serving.batching import LARGE_REQUEST_PIXELS, Batcher
 from keras_preact_training.serving.model import RUNTIMES, ModelServer
@@ -402,7 +403,7 @@ def encoded_image(array, image_format):
 def test_an_animated_gif_is_decoded_to_its_first_frame_only(served):
     """Eight GIFs of a 64 x 64 frame and 16 frames of 4096 x 4096 in one request: the later
     frames are never decoded (TensorFlow's decoder would decode them all, 1.6 s each); the
-    answer is the first frame's, as a PNG of it is answered."""
+    answer is the first frame's, as a PNG of that frame is answered."""
     client, _, _ = served
     bomb = animated_gif_bomb()
     assert tf.io.decode_image(animated_gif_bomb(frames=1), expand_animations=False).shape == (4096, 4096, 3)
@@ -416,8 +417,20 @@ def test_an_animated_gif_is_decoded_to_its_first_frame_only(served):
         )
 
 
+def test_a_gif_is_cut_after_its_first_frame_without_decoding():
+    """The file both runtimes decode is the GIF's bytes up to its first frame's end, then the
+    trailer: one frame, 64 x 64, whatever follows it; a GIF cut short is left whole."""
+    head, block = gif_parts(encoded_image(np.full((64, 64), 128, np.uint8), "GIF"))
+    bomb = animated_gif_bomb()
+    cut = image_formats.first_gif_frame(bomb)
+    assert cut == head + block + b";"
+    with Image.open(io.BytesIO(cut)) as image:
+        assert image.size == (64, 64) and getattr(image, "n_frames", 1) == 1
+    assert image_formats.first_gif_frame(bomb[: len(head) + 20]) == bomb[: len(head) + 20]
+
+
 def test_a_gif_is_answered_as_the_saved_model_decodes_it(served, exported):
-    """The server's first-frame PNG of a GIF (palette, transparency) against the
+    """The server's answer to a GIF (palette, transparency), cut after its first frame, against the
     SavedModel's own GIF decoding: the same probabilities."""
     client, _, _ = served
     pixels = random_pixels(2, CIFAR, seed=9)

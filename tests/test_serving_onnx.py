@@ -64,7 +64,17 @@ def image_battery(seed=0):
         "BMP grey": encoded(grey, "BMP"),
         "BMP RGBA": encoded(rgba, "BMP"),
         "JPEG 640 x 480": encoded(rng.integers(0, 256, (480, 640, 3), np.uint8), "JPEG"),
+        "GIF palette": encoded(rgb, "GIF"),
+        "GIF grey": encoded(grey, "GIF"),
+        "GIF with transparency": gif(rgb, transparency=0),
+        "GIF animated": gif(rgb, save_all=True, append_images=[Image.fromarray(rgb[::-1]).quantize(16)]),
     }
+
+
+def gif(pixels, **options):
+    stream = io.BytesIO()
+    Image.fromarray(pixels).quantize(16).save(stream, format="GIF", **options)
+    return stream.getvalue()
 
 
 @pytest.mark.parametrize("channels", [3, 1])

@@ -5,7 +5,7 @@ with TensorFlow (`input_tensorflow.decode_image` and the export's resize and cro
 
 The pixels equal TensorFlow's for every file the server accepts (`serving.image_formats.check`
 refuses those where they would not): JPEG (both decode with libjpeg-turbo's accurate integer
-DCT, here through simplejpeg), PNG, GIF (its first frame, `serving.protocol.first_frame_png`) and BMP, to
+DCT, here through simplejpeg), PNG, GIF (its first frame, `gif_rgb`) and BMP, to
 1 or 3 channels; the resize is TensorFlow's bilinear resize
 (`tf.image.resize`: half-pixel centres, no antialiasing) in float32, in TensorFlow's order
 of operations (tests/test_serving_onnx.py compares them pixel for pixel).
@@ -49,8 +49,9 @@ def decode(encoded, channels):
     TensorFlow decodes them for the SavedModel.
 
     JPEG: `decode_jpeg`. PNG: grey repeated to RGB, alpha dropped (not composited), a
-    palette expanded, 16 bits to their high byte; to grey with libpng's weights. GIF and
-    BMP: their own channels, alpha dropped, grey repeated, RGB to grey with `GREY_WEIGHTS`.
+    palette expanded, 16 bits to their high byte; to grey with libpng's weights. GIF: its
+    first frame in RGB, transparent pixels black (`gif_rgb`); BMP: its own channels; then alpha
+    dropped, grey repeated, RGB to grey with `GREY_WEIGHTS`.
 
     Raises:
         ValueError: for bytes that do not decode.
@@ -60,6 +61,8 @@ def decode(encoded, channels):
             kind = image.format
             if kind in JPEG_FORMATS:
                 return decode_jpeg(encoded, channels, image)
+            if kind == "GIF":
+                return to_channels(gif_rgb(image), channels)
             if kind in OWN_CHANNELS:
                 return to_channels(own_channels(image), channels)
             if image.mode.startswith("I"):  # 16-bit grey: its high byte
@@ -123,8 +126,16 @@ def size_and_channels(encoded):
         raise ValueError(f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:120]}") from None
 
 
+def gif_rgb(image):
+    """A GIF's first frame as TensorFlow's GIF decoder gives it: RGB from the palette, transparent
+    pixels black (0, 0, 0)."""
+    image.seek(0)
+    rgba = np.asarray(image.convert("RGBA"))
+    return np.where(rgba[..., 3:] > 0, rgba[..., :3], 0).astype(np.uint8)
+
+
 def own_channels(image):
-    """A GIF's or BMP's pixels in the channels TensorFlow's decoder gives: grey, RGB or RGBA."""
+    """A BMP's pixels in the channels TensorFlow's decoder gives: grey, RGB or RGBA."""
     if image.mode in ("L", "1"):
         return np.asarray(image.convert("L"))[..., None]
     transparent = "A" in image.mode or (image.mode == "P" and "transparency" in image.info)

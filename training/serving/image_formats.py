@@ -90,20 +90,42 @@ def check_jpeg_header(encoded):
 
 
 def check_gif_header(encoded):
-    """The extensions before the first image descriptor, each a chain of sub-blocks."""
+    """The extensions before the first frame, each a chain of sub-blocks (`first_gif_frame`)."""
+    first_gif_frame(encoded)
+
+
+def first_gif_frame(encoded):
+    """The GIF `encoded` cut after its first frame, with its trailer: a GIF of that frame alone,
+    which every decoder decodes as the first frame of the whole (TensorFlow's GIF decoder decodes
+    every frame of a file, whatever the first one's size); found by walking its blocks, the
+    extensions before the frame bounded as `check_header` bounds them. A file whose blocks end
+    early is returned whole, for the decoders to refuse."""
     if len(encoded) < 13:
-        return  # the decoder says what is wrong
+        return encoded
     flags = encoded[10]
     position = 13 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)
     segments = 0
-    while position + 2 <= len(encoded) and encoded[position] == 0x21:  # an extension
-        segments += 1
-        position += 2
-        while position < len(encoded) and encoded[position]:
-            position += encoded[position] + 1
+    while position + 10 <= len(encoded):
+        if encoded[position] == 0x21:  # an extension: its label, then sub-blocks
+            segments += 1
+            position = after_sub_blocks(encoded, position + 2)
             header_bounded("GIF", segments, position)
-        position += 1
-        header_bounded("GIF", segments, position)
+        elif encoded[position] == 0x2C:  # the first image descriptor, its local colour table, LZW size
+            local = encoded[position + 9]
+            position += 10 + (3 * 2 ** ((local & 7) + 1) if local & 0x80 else 0) + 1
+            position = after_sub_blocks(encoded, position)
+            return encoded[:position] + b";" if position <= len(encoded) else encoded
+        else:
+            return encoded
+    return encoded
+
+
+def after_sub_blocks(encoded, position):
+    """The position after the chain of sub-blocks that starts at `position` (past the end of
+    `encoded` where the chain is cut short)."""
+    while position < len(encoded) and encoded[position]:
+        position += encoded[position] + 1
+    return position + 1
 
 
 def check(encoded, image_format, mode, channels):

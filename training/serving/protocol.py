@@ -26,10 +26,6 @@ from . import image_formats
 MAX_IMAGE_PIXELS = 4096 * 4096
 MAX_REQUEST_PIXELS = 4 * MAX_IMAGE_PIXELS
 IMAGE_FORMATS = ("JPEG", "PNG", "GIF", "BMP")  # what tf.io.decode_image reads
-# Formats whose files may hold several frames, each of its own size: the server decodes
-# their first frame alone (Pillow) and hands it on as PNG; TensorFlow's GIF decoder would
-# decode every frame, whatever the limits read from the first frame's header.
-FIRST_FRAME_ONLY = ("GIF",)
 UNDECODABLE = "Could not decode the image bytes (JPEG, PNG, GIF or BMP expected): "
 # Top-level fields besides the instances' values that a request may add to the count of
 # values (`max_separators`).
@@ -227,8 +223,8 @@ def checked_images(images, key, channels):
     `image_formats.check_header` has bounded it): a BadRequest for files whose headers hold
     too much, that are not JPEG, PNG, GIF or BMP, for those the two runtimes would decode
     differently (`image_formats.check`), for an image over MAX_IMAGE_PIXELS and for a request over
-    MAX_REQUEST_PIXELS. A GIF (`FIRST_FRAME_ONLY`) is replaced by its first frame as PNG,
-    decoded here once its size is known to fit, so that no later frame is ever decoded."""
+    MAX_REQUEST_PIXELS. A GIF is cut after its first frame (`image_formats.first_gif_frame`,
+    without decoding it), so that no later frame is ever decoded."""
     total, checked = 0, []
     for index, encoded in enumerate(images):
         try:
@@ -241,8 +237,6 @@ def checked_images(images, key, channels):
                 with Image.open(io.BytesIO(encoded), formats=IMAGE_FORMATS) as image:
                     width, height = image.size
                     image_format, mode = image.format, image.mode
-                    if width * height <= MAX_IMAGE_PIXELS and image.format in FIRST_FRAME_ONLY:
-                        encoded = first_frame_png(image)
         except Image.DecompressionBombError as error:  # over 179 million pixels: refused by Pillow itself
             raise BadRequest(f"Instance {index} of {key!r} is too large: {error}", 413) from None
         except Image.UnidentifiedImageError:
@@ -260,6 +254,8 @@ def checked_images(images, key, channels):
                 f"decodes at most {MAX_IMAGE_PIXELS:,} pixels an image.",
                 413,
             )
+        if image_format == "GIF":  # its first frame alone: no later frame is ever decoded
+            encoded = image_formats.first_gif_frame(encoded)
         try:
             image_formats.check(encoded, image_format, mode, channels)
         except ValueError as error:
@@ -273,17 +269,6 @@ def checked_images(images, key, channels):
             413,
         )
     return checked, total
-
-
-def first_frame_png(image):
-    """The first frame of an opened GIF as PNG bytes, with TensorFlow's GIF decoder's pixels:
-    RGB from the palette, transparent pixels black (0, 0, 0)."""
-    image.seek(0)
-    rgba = np.asarray(image.convert("RGBA"))
-    rgb = np.where(rgba[..., 3:] > 0, rgba[..., :3], 0).astype(np.uint8)
-    encoded = io.BytesIO()
-    Image.fromarray(rgb, "RGB").save(encoded, format="PNG", compress_level=1)
-    return encoded.getvalue()
 
 
 def concatenated(requests):

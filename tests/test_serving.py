@@ -783,6 +783,7 @@ class BlockingModel:
     """A stand-in for ModelServer whose calls wait for `release`, and record their batches."""
 
     max_batch = 8
+    image_pixels = 32 * 32
 
     def __init__(self):
         self.release, self.calls = threading.Event(), []

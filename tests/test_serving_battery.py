@@ -30,7 +30,7 @@ from keras_preact_training.export import contract, saved_model
 from keras_preact_training.serving import client as query_client
 from keras_preact_training.serving import image_formats
 from keras_preact_training.serving.application import ServingAPI
-from keras_preact_training.serving.batching import LARGE_REQUEST_PIXELS, Batcher
+from keras_preact_training.serving.batching import Batcher
 from keras_preact_training.serving.model import RUNTIMES, ModelServer
 from keras_preact_training.serving.protocol import UNDECODABLE, Parsed
 from keras_preact_training.serving.server import listening_socket
@@ -79,6 +79,7 @@ class BlockingModel:
     """A stand-in for ModelServer whose first `blocked` calls wait for `release`."""
 
     max_batch = MAX_BATCH
+    image_pixels = CIFAR.image_size**2
 
     def __init__(self, blocked=2, answers=None):
         self.release, self.calls, self.blocked = threading.Event(), [], blocked
@@ -127,14 +128,17 @@ def test_waiting_pixel_requests_are_batched_and_all_answered():
     assert model.calls == [[1], [1], [60, 1], [10]] and idle == 2
 
 
+# The most pixels of a small request to BlockingModel: a full batch of CIFAR images.
+LARGE_PIXELS = MAX_BATCH * CIFAR.image_size**2
+
+
 def test_large_requests_leave_a_thread_for_the_others():
-    """A large request (its images decode to more than LARGE_REQUEST_PIXELS) holds a thread as
-    long as its decoding takes (here: until released); a second one waits for it, while the
-    small requests behind them are answered, one after the other, on the other thread."""
+    """A large request (its images decode to more pixels than a full batch at the network's
+    size) holds a thread as long as its decoding takes (here: until released); a second one
+    waits for it, while the small requests behind them are answered, one after the other, on
+    the other thread."""
     model = BlockingModel(blocked=1)
-    large = [
-        Parsed("serving_default", "images", np.full((1, 1), value), True, LARGE_REQUEST_PIXELS + 1) for value in (1, 2)
-    ]
+    large = [Parsed("serving_default", "images", np.full((1, 1), value), True, LARGE_PIXELS + 1) for value in (1, 2)]
     small = [Parsed("serving_default", "images", np.full((1, 1), value), True, 32 * 32) for value in (3, 4)]
 
     async def run():
@@ -147,6 +151,20 @@ def test_large_requests_leave_a_thread_for_the_others():
 
     results, idle = asyncio.run(run())
     assert results == [1.0, 2.0, 3.0, 4.0] and model.calls == [[1]] * 4 and idle == 2
+
+
+def test_many_requests_just_under_the_large_bound_are_large_work_together():
+    """Requests each just under the bound are small, but batched they would decode as much as a
+    large one: a batch of small requests stays within the bound, so that each call on the
+    thread kept for small requests decodes as little as one of them."""
+    model = BlockingModel(blocked=2)
+    busy = [Parsed("serving_default", "images", np.full((1, 1), value), True, 32 * 32) for value in (1, 2)]
+    under = [Parsed("serving_default", "images", np.full((1, 1), value), True, LARGE_PIXELS - 1) for value in (3, 4, 5)]
+    tiny = [Parsed("serving_default", "images", np.full((1, 1), value), True, 32 * 32) for value in (6, 7)]
+    results, idle = run_batcher(model, [*busy, *under, *tiny])
+    assert results == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0] and idle == 2
+    assert all(len(call) == 1 for call in model.calls[2:5])  # each request just under the bound alone
+    assert model.calls[-1] == [1, 1]  # the small ones together
 
 
 class Unmeasurable(Parsed):

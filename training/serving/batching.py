@@ -9,25 +9,28 @@ from .protocol import MAX_REQUEST_PIXELS
 # Threads that run the network; each batch uses every core through the runtime's own
 # threads, two keep the cores busy while the other thread converts and answers.
 INFERENCE_THREADS = 2
-# A request whose images decode to more pixels than this is large: decoding it takes seconds
-# where images of the network's size take milliseconds (docs/benchmarks.md, "Decoding the
-# largest request on each runtime").
-LARGE_REQUEST_PIXELS = 1024 * 1024
 
 
 class Batcher:
     """Runs the network for `Parsed` requests on `threads` threads, off the event loop.
 
     With `batching`, the requests of one signature that wait while every thread is busy
-    go to the network together, up to `max_batch` instances and MAX_REQUEST_PIXELS
-    (TF Serving's request batching): a lone request waits for nothing, and under load
-    one call serves many requests. Large requests (LARGE_REQUEST_PIXELS) are never batched
-    with small ones and run on at most `threads - 1` threads at once: however slowly their
-    images decode, a thread is left for the others. Runs on the event loop's thread only.
+    go to the network together, up to `max_batch` instances (TF Serving's request batching):
+    a lone request waits for nothing, and under load one call serves many requests. Fairness
+    counts pixels: a request whose images decode to more pixels than a full batch at the
+    network's own size (`large_pixels`, `model.max_batch` x `model.image_pixels`) is large,
+    decoding for up to seconds where the others take milliseconds (docs/benchmarks.md,
+    "Decoding the largest request on each runtime"); large requests are never batched with
+    small ones, a batch of small ones stays within `large_pixels` (many requests just under
+    the bound are large work together) and one of large ones within MAX_REQUEST_PIXELS, and
+    large requests run on at most `threads - 1` threads at once: however slowly their images
+    decode, and however many of them wait, a thread is left for the others. Runs on the event
+    loop's thread only.
     """
 
     def __init__(self, model, threads=INFERENCE_THREADS, batching=True):
         self.model, self.batching = model, batching
+        self.large_pixels = model.max_batch * model.image_pixels
         self.pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="inference")
         self.idle_threads = threads
         self.large_threads = max(1, threads - 1)  # the most that may run large requests at once
@@ -55,7 +58,7 @@ class Batcher:
                 batch = [self.waiting.popleft()]
             if not batch:  # only large requests wait, and the threads they may use are busy
                 return
-            large = is_large(batch[0][0])
+            large = self.is_large(batch[0][0])
             self.idle_threads -= 1
             self.large_threads -= large
             task = asyncio.ensure_future(self.run(batch, large))
@@ -65,11 +68,12 @@ class Batcher:
     def next_batch(self):
         """The first waiting request that may run (a small one, or a large one while a thread
         for large ones is free) and, with batching, every later one of its signature and size
-        that fits within max_batch instances and MAX_REQUEST_PIXELS; [] if none may run. Chosen
-        by position before the queue changes: if choosing fails, nothing has left the queue."""
+        that fits within max_batch instances and the pixels of its kind (`Batcher`); [] if none
+        may run. Chosen by position before the queue changes: if choosing fails, nothing has
+        left the queue."""
         waiting = list(self.waiting)
         runnable = [
-            index for index, (parsed, _) in enumerate(waiting) if self.large_threads > 0 or not is_large(parsed)
+            index for index, (parsed, _) in enumerate(waiting) if self.large_threads > 0 or not self.is_large(parsed)
         ]
         if not runnable:
             return []
@@ -77,13 +81,14 @@ class Batcher:
         if self.batching:
             first = waiting[chosen[0]][0]
             instances, pixels = len(first), first.pixels
+            most_pixels = MAX_REQUEST_PIXELS if self.is_large(first) else self.large_pixels
             for index in range(chosen[0] + 1, len(waiting)):
                 parsed = waiting[index][0]
                 if (
                     parsed.signature == first.signature
-                    and is_large(parsed) == is_large(first)
+                    and self.is_large(parsed) == self.is_large(first)
                     and instances + len(parsed) <= self.model.max_batch
-                    and pixels + parsed.pixels <= MAX_REQUEST_PIXELS
+                    and pixels + parsed.pixels <= most_pixels
                 ):
                     chosen.append(index)
                     instances, pixels = instances + len(parsed), pixels + parsed.pixels
@@ -110,7 +115,6 @@ class Batcher:
             self.large_threads += large
             self.dispatch()
 
-
-def is_large(parsed):
-    """Whether the `Parsed` request's images decode to more than LARGE_REQUEST_PIXELS."""
-    return parsed.pixels > LARGE_REQUEST_PIXELS
+    def is_large(self, parsed):
+        """Whether the `Parsed` request's images decode to more than `large_pixels`."""
+        return parsed.pixels > self.large_pixels

@@ -53,6 +53,7 @@ class ModelServer:
         self.class_names = checked_class_names(self.metadata, metadata_path)
         try:
             self.preprocessing = contract.Preprocessing.from_metadata(self.metadata)
+            self.image_pixels = self.preprocessing.image_size**2  # of one image at the network's size
             self.top_k = int(self.metadata["top_k"])
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(

@@ -2,6 +2,7 @@
 
     python bench/profile_step.py                        # ResNet-164, batch 128
     python bench/profile_step.py --model resnet50 --batch 32
+    python bench/profile_step.py --model resnet110 --precision mixed_bfloat16   # as the zoo trains
 
 Traces `--steps` training steps (after two untimed ones) with `tf.profiler`, reads the
 op statistics of the trace (the profiler's own `framework_op_stats` tool) and prints the
@@ -89,12 +90,14 @@ def kind_of(op_type):
     return next((kind for kind, types in KINDS.items() if op_type in types or f"_{op_type}" in types), "other")
 
 
-def profile(model_name, batch, steps, options):
+def profile(model_name, batch, steps, options, precision="float32"):
+    import keras
     import tensorflow as tf
     from tensorflow.python.profiler.internal import _pywrap_profiler_plugin
 
     import keras_preact
 
+    keras.config.set_dtype_policy(precision)
     model = keras_preact.get_model(model_name, classifier_activation=None, **options)
     train_step, _ = random_batch_training(model, batch)
 
@@ -131,17 +134,21 @@ def main():
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--scan-units", action="store_true", help="build the network with scan_units=True")
+    parser.add_argument("--precision", default="float32", help="Keras' dtype policy: float32, mixed_bfloat16, ...")
     arguments = parser.parse_args()
     from training_throughput import machine
 
-    times = profile(arguments.model, arguments.batch, arguments.steps, dict(scan_units=arguments.scan_units))
+    times = profile(
+        arguments.model, arguments.batch, arguments.steps, dict(scan_units=arguments.scan_units), arguments.precision
+    )
     idle = times.pop(IDLE, 0.0)
     total = sum(times.values())
     by_kind = collections.Counter()
     for op_type, microseconds in times.items():
         by_kind[kind_of(op_type)] += microseconds
     print(
-        f"machine: {machine()}; {arguments.model}, batch {arguments.batch}, {arguments.steps} steps, "
+        f"machine: {machine()}; {arguments.model} in {arguments.precision}, batch {arguments.batch}, "
+        f"{arguments.steps} steps, "
         f"{total / 1e6 / arguments.steps:.2f} s of op time per step (and {idle / 1e6 / arguments.steps:.2f} s "
         "of the op threads idle)"
     )

@@ -130,16 +130,8 @@ class ServingAPI:
 
     async def predict(self, request):
         """The request's answer; a 503 where the server stops before it is ready."""
-        answer = asyncio.ensure_future(self.answer(request))
-        grace_over = asyncio.ensure_future(self.grace_over.wait())
-        try:
-            await asyncio.wait({answer, grace_over}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            grace_over.cancel()
-        if not answer.done():
-            answer.cancel()
-            raise BadRequest("The server is stopping and could not answer in time: send the request again.", 503)
-        return answer.result()
+        stopping = BadRequest("The server is stopping and could not answer in time: send the request again.", 503)
+        return await unless(self.answer(request), self.grace_over.wait(), stopping)
 
     async def answer(self, request):
         model = self.served(request)
@@ -218,15 +210,21 @@ async def unless_client_leaves(request, work):
     gone (`receive` answers "http.disconnect" once the body is read and the connection
     closes): `work` is cancelled, and a request waiting for the
     network leaves the `Batcher`'s queue unrun."""
+    return await unless(work, disconnected(request), ClientDisconnect())
+
+
+async def unless(work, event, refusal):
+    """The result of the coroutine `work`, or `refusal` raised as soon as the coroutine `event`
+    returns first (`work` then cancelled)."""
     task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(disconnected(request))
+    happened = asyncio.ensure_future(event)
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, happened}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        gone.cancel()
+        happened.cancel()
     if not task.done():
         task.cancel()
-        raise ClientDisconnect()
+        raise refusal
     return task.result()
 
 

@@ -5,6 +5,7 @@ with the same status and message."""
 
 import io
 import json
+import re
 import struct
 import zlib
 
@@ -135,6 +136,13 @@ def top_down_bmp(pixels):
     return bmp(b"".join(rows), width, -height, 24)
 
 
+def taller_jpeg(jpeg, rows):
+    """`jpeg` with `rows` more rows declared in its baseline frame header than its data hold."""
+    frame = jpeg.index(b"\xff\xc0") + 5  # the marker, its length, the sample precision
+    height = int.from_bytes(jpeg[frame : frame + 2], "big")
+    return jpeg[:frame] + (height + rows).to_bytes(2, "big") + jpeg[frame + 2 :]
+
+
 def catalogue(seed=0):
     """{name: encoded bytes}: the formats and modes a client may send, and damaged ones."""
     rng = np.random.default_rng(seed)
@@ -200,10 +208,15 @@ def catalogue(seed=0):
     jpeg, png = images["JPEG RGB"], images["PNG RGB"]
     progressive = images["JPEG progressive"]
     last_scan = progressive.rindex(b"\xff\xda")
+    scans = [found.start() for found in re.finditer(b"\xff\xda", progressive)]
     chunks = png_chunks(png)
     damaged = {
         "damaged: JPEG truncated": jpeg[: len(jpeg) // 2],
         "damaged: JPEG without its end marker": jpeg[:-2],
+        "damaged: JPEG cut short at its end marker": jpeg[: (jpeg.index(b"\xff\xda") + len(jpeg)) // 2] + b"\xff\xd9",
+        "damaged: JPEG whose header declares more rows than its data hold": taller_jpeg(jpeg, 32),
+        "damaged: progressive JPEG cut short at its end marker": progressive[: (scans[5] + scans[6]) // 2]
+        + b"\xff\xd9",
         "damaged: JPEG entropy data altered": jpeg[:-40] + bytes(byte ^ 0x5A for byte in jpeg[-40:-2]) + jpeg[-2:],
         "damaged: PNG with a bad CRC": png[:-16] + bytes([png[-16] ^ 1]) + png[-15:],
         "damaged: PNG without IEND": png[:-12],
@@ -267,6 +280,8 @@ def outcome(server, image):
         return error.status, str(error)
 
 
+# libjpeg's warning that a JPEG's data end at a marker before its image does.
+HIT_MARKER = "Corrupt JPEG data: premature end of data segment"
 HEADER_FLOOD = "a {kind} whose header holds more than 256 blocks or 4,194,304 bytes besides its pixels"
 # What the catalogue's refused files are refused for: one reason each, given by both runtimes
 # (the shared check before decoding) or, for what only a decoder finds, the same status
@@ -277,9 +292,12 @@ REFUSED = {
     "BMP RLE8": "a BMP of 8 bits a pixel with a palette, compressed: ",
     "BMP RLE4": "a BMP of 4 bits a pixel with a palette, compressed: ",
     "BMP 16-bit": "a BMP of 16 bits a pixel: ",
-    "damaged: JPEG truncated": "",
-    "damaged: JPEG without its end marker": "",
-    "damaged: JPEG entropy data altered": "",
+    "damaged: JPEG truncated": "Truncated File Read",
+    "damaged: JPEG without its end marker": "a damaged JPEG: Premature end of JPEG file",
+    "damaged: JPEG cut short at its end marker": f"a damaged JPEG: {HIT_MARKER}",
+    "damaged: JPEG whose header declares more rows than its data hold": f"a damaged JPEG: {HIT_MARKER}",
+    "damaged: progressive JPEG cut short at its end marker": f"a damaged JPEG: {HIT_MARKER}",
+    "damaged: JPEG entropy data altered": f"a damaged JPEG: {HIT_MARKER}",
     "damaged: PNG with a bad CRC": "a damaged PNG: its 'IDAT' chunk's CRC is wrong",
     "damaged: PNG without IEND": "a damaged PNG: it ends before its IEND chunk (truncated)",
     "damaged: PNG truncated in IDAT": "a damaged PNG: its 'IDAT' chunk is cut short (truncated)",
@@ -331,3 +349,37 @@ def test_both_runtimes_answer_or_refuse_every_image_alike(model, request):
             assert answer[1].startswith(prefix + refused[name]), (name, answer)
         if refused[name]:
             assert tensorflow == onnxruntime, name
+
+
+def test_both_runtimes_answer_or_refuse_damaged_jpegs_alike(colour_model):
+    """JPEGs cut short at every 13th byte (with and without an end marker after the cut) and
+    with 1-3 bytes flipped, baseline and progressive: the same status from both runtimes, and
+    where both answer, the same classes and probabilities within 1e-4; most cut files and about
+    half the flipped ones refused (libjpeg's complaints that the runtimes' decoders answer
+    differently, `image_formats.JPEG_DECODED_THROUGH`)."""
+    servers = {runtime: ModelServer(str(colour_model), runtime=runtime) for runtime in RUNTIMES}
+    rng = np.random.default_rng(3)
+    images = catalogue()
+    damaged = {}
+    for kind in ("JPEG RGB", "JPEG progressive"):
+        whole = images[kind]
+        for cut in range(whole.index(b"\xff\xda"), len(whole) - 2, 13):
+            damaged[f"{kind} cut at {cut}"] = whole[:cut]
+            damaged[f"{kind} cut at {cut}, then its end marker"] = whole[:cut] + b"\xff\xd9"
+        for flip in range(40):
+            data = bytearray(whole)
+            for position in rng.integers(len(whole) // 4, len(whole) - 2, rng.integers(1, 4)):
+                data[position] ^= int(rng.integers(1, 256))
+            damaged[f"{kind} flipped {flip}"] = bytes(data)
+    refused = 0
+    for name, image in damaged.items():
+        tensorflow, onnxruntime = (outcome(servers[runtime], image) for runtime in RUNTIMES)
+        if isinstance(tensorflow, tuple) or isinstance(onnxruntime, tuple):
+            assert tensorflow == onnxruntime, (name, tensorflow, onnxruntime)
+            refused += 1
+            continue
+        assert tensorflow["classes"] == onnxruntime["classes"], name
+        np.testing.assert_allclose(
+            onnxruntime["probabilities"], tensorflow["probabilities"], atol=PROBABILITY_TOLERANCE, err_msg=name
+        )
+    assert len(damaged) // 2 < refused < len(damaged), (refused, len(damaged))

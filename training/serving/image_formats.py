@@ -4,10 +4,12 @@ TensorFlow's decoders (the SavedModel's) and Pillow's (the onnxruntime runtime's
 some files: TensorFlow's BMP decoder reads only uncompressed 24- and 32-bit BMPs and 8-bit
 ones as grey (a palette's indices taken as grey levels), libpng refuses a PNG with a bad CRC
 or no IEND chunk where Pillow decodes what it can, Pillow opens a 16-bit colour PNG in 8 bits
-where libpng makes its grey from the 16, and TensorFlow has no grey of a CMYK JPEG. Such a
-file is refused here, for both runtimes, with a reason; every other accepted file gets the
-same pixels from both (tests/test_serving_formats.py enumerates them). So is a JPEG of more
-scans than MAX_JPEG_SCANS, which both would decode, slowly.
+where libpng makes its grey from the 16, TensorFlow has no grey of a CMYK JPEG, and of damaged
+JPEGs (data that end before the image does, a bad table or marker) TensorFlow's libjpeg-turbo
+decodes some that simplejpeg's refuses and refuses others that it decodes. Such a file is
+refused here, for both runtimes, with a reason; every other accepted file gets the same pixels
+from both (tests/test_serving_formats.py enumerates them). So is a JPEG of more scans than
+MAX_JPEG_SCANS, which both would decode, slowly.
 
 Before any decoder parses a file, `check_header` bounds from its raw bytes what its header may
 hold (JPEG markers, PNG chunks and their compressed text, GIF extensions): Pillow's parsers
@@ -15,9 +17,13 @@ walk such blocks one by one in Python, and inflate PNG text, so that a few hundr
 a header of millions of markers cost a parse thread seconds and the server gigabytes.
 """
 
+import io
 import re
 import struct
 import zlib
+
+import simplejpeg
+from PIL import Image
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # PNG colour types with red, green and blue (RGB, RGB with alpha).
@@ -35,6 +41,26 @@ SEND_PNG = "send it as PNG or JPEG"
 # data cannot hold (its 0xFF bytes are stuffed), so an EXIF thumbnail's scans count too.
 MAX_JPEG_SCANS = 100
 JPEG_START_OF_SCAN = b"\xff\xda"
+# What libjpeg may say of a JPEG that both runtimes then decode alike (its warnings
+# JWRN_EXTRANEOUS_DATA, JWRN_HUFF_BAD_CODE, JWRN_BOGUS_PROGRESSION, JWRN_NOT_SEQUENTIAL). Of 2,620
+# JPEGs cut short or with bytes flipped (`bench/damaged_jpegs.py --flips 1000`), `check` accepts
+# 1,415, which TensorFlow 2.21 and simplejpeg 1.9 both decode, to the same pixels; of the 1,195 it
+# refuses as damaged (data that end before the image does, at a marker or at the end of the
+# file; a bad table or marker), TensorFlow decoded 195 and simplejpeg 136, not the same ones.
+JPEG_DECODED_THROUGH = (
+    "extraneous bytes before marker",
+    "bad Huffman code",
+    "Inconsistent progression sequence",
+    "Invalid SOS parameters for sequential JPEG",
+)
+# Frame headers (start of frame, SOF0-SOF15 but for DHT, JPG and DAC), and those of progressive
+# JPEGs, whose coefficients come in scans of a few each, in bits from the highest: where its
+# scans end before every coefficient has its lowest bit, libjpeg smooths the blocks' missing
+# detail, which TensorFlow's libjpeg-turbo does otherwise than simplejpeg's and Pillow's (up to 6
+# levels a pixel apart; 3 of the benchmark's 10 such files that libjpeg complains of in no other
+# way).
+JPEG_FRAMES = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+JPEG_PROGRESSIVE_FRAMES = {0xC2, 0xC6, 0xCA, 0xCE}
 # Chunks a PNG may hold (a 4096 x 4096 PNG in libpng's 8 KB IDAT chunks has about 6,000): the
 # walk over them stays within milliseconds.
 MAX_PNG_CHUNKS = 2**16
@@ -76,17 +102,31 @@ def header_bounded(kind, segments, size):
 def check_jpeg_header(encoded):
     """The markers before the first scan (start of scan, SOS), each with its length, and the fill
     bytes before them (0xFF, which Pillow's parser reads one at a time, in Python)."""
-    position, segments = len(JPEG_START), 0
+    segments = 0
+    for marker, _, end, fill in jpeg_markers(encoded):
+        if marker == JPEG_START_OF_SCAN[1]:
+            return
+        segments += fill + 1  # fill bytes before a marker, each a step of a parser
+        header_bounded("JPEG", segments, end)
+
+
+def jpeg_markers(encoded):
+    """(marker, its position, the position after its segment, the fill bytes before it) for each
+    marker of `encoded` up to its first scan's, segment by segment (an EXIF thumbnail's markers,
+    inside a segment, are not among them)."""
+    position = len(JPEG_START)
     while position + 4 <= len(encoded) and encoded[position] == 0xFF:
         fill_end = JPEG_FILL.match(encoded, position).end()
-        segments += fill_end - position - 1  # fill bytes before a marker, each a step of a parser
+        fill = fill_end - position - 1
         position = fill_end - 1
-        marker = encoded[position + 1] if position + 1 < len(encoded) else 0xDA
-        if marker == 0xDA:
+        marker = encoded[position + 1] if position + 1 < len(encoded) else JPEG_START_OF_SCAN[1]
+        end = position + (
+            2 if marker in JPEG_STANDALONE else 2 + int.from_bytes(encoded[position + 2 : position + 4], "big")
+        )
+        yield marker, position, end, fill
+        if marker == JPEG_START_OF_SCAN[1]:
             return
-        segments += 1
-        position += 2 if marker in JPEG_STANDALONE else 2 + int.from_bytes(encoded[position + 2 : position + 4], "big")
-        header_bounded("JPEG", segments, position)
+        position = end
 
 
 def check_gif_header(encoded):
@@ -141,17 +181,82 @@ def check(encoded, image_format, mode, channels):
 
 
 def check_jpeg(encoded, mode, channels):
-    """At most MAX_JPEG_SCANS scans; no CMYK for a 1-channel model."""
+    """At most MAX_JPEG_SCANS scans; nothing damaged beyond what both decoders decode through
+    alike (`damage`); no CMYK for a 1-channel model."""
     scans = encoded.count(JPEG_START_OF_SCAN)
     if scans > MAX_JPEG_SCANS:
         raise ValueError(
             f"a JPEG of {scans} scans: this server decodes at most {MAX_JPEG_SCANS} (each scan of a "
             "progressive JPEG is a pass over the whole image)"
         )
+    complaint = damage(encoded, mode)
+    if complaint:
+        raise ValueError(f"a damaged JPEG: {complaint}")
+    if unrefined(encoded):
+        raise ValueError(
+            "an incomplete progressive JPEG: its scans end before every coefficient has all its bits "
+            "(truncated), which the two runtimes' decoders make up differently"
+        )
     if mode == "CMYK" and channels == 1:
         raise ValueError(
             f"a CMYK JPEG for a 1-channel model: TensorFlow's JPEG decoder makes no grey of CMYK; {SEND_PNG}"
         )
+
+
+def damage(encoded, mode):
+    """libjpeg's first complaint about `encoded` (of Pillow's `mode`) where it is not one of
+    JPEG_DECODED_THROUGH, or the error that ends a decode through it, or None. simplejpeg's
+    decode, to its smallest scale and grey (every scan's data read, an eighth of each side of
+    the luminance's blocks computed), strict, which stops at the first warning or error; for a
+    file it warns of, simplejpeg's decode through the warnings, and Pillow's, which refuses a
+    file whose data run out before its last row where simplejpeg's makes up an end."""
+    options = dict(colorspace="CMYK" if mode == "CMYK" else "GRAY", min_height=1, min_width=1)
+    try:
+        simplejpeg.decode_jpeg(encoded, strict=True, **options)
+        return None
+    except ValueError as complaint:
+        if not any(text in str(complaint) for text in JPEG_DECODED_THROUGH):
+            return first_line(complaint)
+    try:
+        simplejpeg.decode_jpeg(encoded, strict=False, **options)
+        with Image.open(io.BytesIO(encoded)) as image:
+            image.draft("CMYK" if mode == "CMYK" else "L", (1, 1))
+            image.load()
+    except (ValueError, OSError) as error:
+        return first_line(error)
+    return None
+
+
+def unrefined(encoded):
+    """Whether `encoded` is a progressive JPEG whose scans leave a coefficient of a component
+    short of its lowest bit: read from the headers of its frame and of its scans (components,
+    first and last coefficient, and the lowest bit, Al)."""
+    frame = first_scan = None
+    for marker, position, _, _ in jpeg_markers(encoded):
+        if marker in JPEG_FRAMES:
+            frame = (marker, position)
+        elif marker == JPEG_START_OF_SCAN[1]:
+            first_scan = position
+    if frame is None or first_scan is None or frame[0] not in JPEG_PROGRESSIVE_FRAMES:
+        return False
+    try:
+        # Marker, length, precision, height and width, then the count of components and 3 bytes each.
+        components = {encoded[frame[1] + 10 + 3 * index] for index in range(encoded[frame[1] + 9])}
+        lowest_bit = {}
+        for scan in re.finditer(re.escape(JPEG_START_OF_SCAN), encoded[first_scan:]):
+            header = first_scan + scan.start() + 4
+            count = encoded[header]
+            first, last, bits = encoded[header + 1 + 2 * count : header + 4 + 2 * count]
+            for component in encoded[header + 1 : header + 1 + 2 * count : 2]:
+                for coefficient in range(first, last + 1):
+                    lowest_bit[component, coefficient] = bits & 0x0F
+    except (IndexError, ValueError):  # a header cut short
+        return True
+    return any(lowest_bit.get((component, coefficient)) != 0 for component in components for coefficient in range(64))
+
+
+def first_line(error):
+    return (str(error).splitlines() or [type(error).__name__])[0][:120]
 
 
 def check_png_header(encoded):

@@ -12,8 +12,9 @@ them) and:
 - with `--attacks` (first model only): 300 half-open connections (headers, then a body
   that never finishes) held open while 8 clients send 20 requests each (their p95), and
   how many of the 300 the server has closed 15 s later; 2 clients sending requests of four
-  4096 x 4096 PNGs while 8 clients send 20 small requests each (their p50 and p95); an
-  image bomb (a 431 KB PNG of 20000 x 20000 pixels) and the seconds until it is refused;
+  4096 x 4096 PNGs while 8 clients send 20 small requests each (their p50 and p95), and the
+  same with 16 clients sending requests just under the large bound (one 256 x 255 JPEG each);
+  an image bomb (a 431 KB PNG of 20000 x 20000 pixels) and the seconds until it is refused;
   eight animated GIFs of a 64 x 64 frame and 16 frames of 4096 x 4096 in one request;
   four 57 MB bodies of 15 million numbers at once, while a probe client asks for the model's status every 10 ms
   (its slowest answer is how long the server stalled); the server's resident memory warm
@@ -42,6 +43,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -263,6 +265,33 @@ def large_images(served, bodies, expected, clients=2, requests=4):
     return normal, statuses
 
 
+def just_under_the_large_bound(served, bodies, expected, clients=16):
+    """`clients` clients each sending, for as long as 8 clients send 20 small requests each,
+    requests of one 256 x 255 JPEG: 65,280 pixels, just under the pixels of a full batch at
+    CIFAR's size (64 x 32 x 32, where a request counts as large): (the small ones' figures,
+    the just-under ones answered)."""
+    pixels = np.random.default_rng(11).integers(0, 256, size=(255, 256, 3), dtype=np.uint8)
+    image = base64.b64encode(tf.io.encode_jpeg(pixels, quality=90).numpy()).decode()
+    body = json.dumps({"instances": [{"b64": image}]}).encode()
+    done = threading.Event()
+
+    def send(_):
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
+        answered = 0
+        while not done.is_set():
+            answered += post(connection, served.path, body)[0] == 200
+        connection.close()
+        return answered
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        under = pool.map(send, range(clients))
+        time.sleep(0.5)  # the just-under ones queued
+        normal = load(served, bodies, expected, clients=8, requests=20)
+        done.set()
+        answered = sum(under)
+    return normal, answered
+
+
 def gif_bombs():
     """Eight animated GIFs of a 64 x 64 first frame and 16 frames of 4096 x 4096 (212 KB each)."""
     return json.dumps({"instances": [{"b64": base64.b64encode(animated_gif_bomb()).decode()}] * 8}).encode()
@@ -346,6 +375,13 @@ def serve_model(name, runtime, attacks, model_dir, bodies, arguments):
                 f"{name}: 2 clients sending four 4096 x 4096 PNGs a request: 8 clients x 20 small requests "
                 f"meanwhile p50 {1000 * normal['p50']:.0f} ms, p95 {1000 * normal['p95']:.0f} ms, "
                 f"{normal['failures']} failures; the large ones {statuses}",
+                flush=True,
+            )
+            normal, answered = just_under_the_large_bound(served, bodies, expected)
+            print(
+                f"{name}: 16 clients sending one 256 x 255 JPEG a request (just under the large bound): 8 "
+                f"clients x 20 small requests meanwhile p50 {1000 * normal['p50']:.0f} ms, p95 "
+                f"{1000 * normal['p95']:.0f} ms, {normal['failures']} failures; {answered} just-under ones answered",
                 flush=True,
             )
             connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)

@@ -1,8 +1,9 @@
-"""PyTorch peers for the harness: pre-activation ResNet-50 and ResNet-164 written as
-keras-preact builds them, trained on this CPU with PyTorch's own CPU build.
+"""PyTorch peers for the harness: pre-activation ResNet-50, ResNet-110 and ResNet-164 written
+as keras-preact builds them, trained on this CPU with PyTorch's own CPU build.
 
     pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
     python bench/torch_peers.py --model resnet164
+    python bench/torch_peers.py --model resnet110 --precision bfloat16 --compile --steps 10
 
 The networks follow `keras_preact.ResNet` exactly (their trainable parameter counts are
 checked against it): full pre-activation bottleneck units (BN-ReLU-conv x 3), the first
@@ -25,6 +26,7 @@ from torch import nn
 BATCH_NORM = dict(eps=1e-5, momentum=0.1)  # keras-preact's: Keras momentum 0.9
 NETWORKS = {
     # name: (stem, units per stage, widths, stride on, input size, classes, Keras trainable parameters)
+    "resnet110": ("cifar", (18, 18, 18), (16, 32, 64), "basic", 32, 10, 1_727_962),
     "resnet164": ("cifar", (18, 18, 18), (16, 32, 64), "first", 32, 10, 1_703_258),
     "resnet50": ("imagenet", (3, 4, 6, 3), (64, 128, 256, 512), "3x3", 224, 1000, 25_549_352),
 }
@@ -55,6 +57,25 @@ class PreActivationBottleneck(nn.Module):
         return shortcut + residual
 
 
+class PreActivationBasic(nn.Module):
+    def __init__(self, in_channels, width, stride, preactivation):
+        super().__init__()
+        self.stride, self.padding = stride, width - in_channels
+        self.preactivation = preactivation
+        self.norm1 = nn.BatchNorm2d(in_channels, **BATCH_NORM) if preactivation != "none" else None
+        self.conv1 = nn.Conv2d(in_channels, width, 3, stride, padding=1, bias=False)
+        self.norm2 = nn.BatchNorm2d(width, **BATCH_NORM)
+        self.conv2 = nn.Conv2d(width, width, 3, 1, padding=1, bias=False)
+
+    def forward(self, x):
+        activated = x if self.norm1 is None else torch.relu(self.norm1(x))
+        shortcut = x if self.preactivation == "residual" else activated
+        residual = self.conv2(torch.relu(self.norm2(self.conv1(activated))))
+        if self.stride != 1 or self.padding:  # subsampled, the new channels zeros
+            shortcut = nn.functional.pad(shortcut[:, :, :: self.stride, :: self.stride], (0, 0, 0, 0, 0, self.padding))
+        return shortcut + residual
+
+
 class PreActivationResNet(nn.Module):
     def __init__(self, stem, units_per_stage, widths, stride_on, classes):
         super().__init__()
@@ -76,8 +97,12 @@ class PreActivationResNet(nn.Module):
             for index in range(1, count + 1):
                 stride = 2 if index == 1 and stage > 1 else 1
                 preactivation = "residual" if index > 1 else ("none" if stage == 1 else "shared")
-                units.append(PreActivationBottleneck(channels, width, stride, stride_on, preactivation))
-                channels = 4 * width
+                if stride_on == "basic":
+                    units.append(PreActivationBasic(channels, width, stride, preactivation))
+                    channels = width
+                else:
+                    units.append(PreActivationBottleneck(channels, width, stride, stride_on, preactivation))
+                    channels = 4 * width
         self.units = nn.Sequential(*units)
         self.final = nn.Sequential(
             nn.BatchNorm2d(channels, **BATCH_NORM), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()
@@ -88,7 +113,7 @@ class PreActivationResNet(nn.Module):
         return self.classifier(self.final(self.units(self.stem(x))))
 
 
-def measure(name, steps):
+def measure(name, steps, precision="float32", compiled=False):
     stem, units_per_stage, widths, stride_on, size, classes, keras_parameters = NETWORKS[name]
     torch.manual_seed(0)
     started = time.perf_counter()
@@ -98,14 +123,18 @@ def measure(name, steps):
     if parameters != keras_parameters:
         raise AssertionError(f"{name}: {parameters} trainable parameters, keras-preact has {keras_parameters}")
     batch = 128 if size == 32 else 32
-    images, labels = torch.randn(batch, 3, size, size), torch.arange(batch) % classes
+    model = model.to(memory_format=torch.channels_last)
+    images = torch.randn(batch, 3, size, size).contiguous(memory_format=torch.channels_last)
+    labels = torch.arange(batch) % classes
+    network = torch.compile(model) if compiled else model
     # Coupled weight decay 1e-4 on every parameter, as the paper's Torch code.
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     loss = nn.CrossEntropyLoss()
 
     def train_step():
         optimizer.zero_grad(set_to_none=True)
-        value = loss(model(images), labels)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+            value = loss(network(images), labels)
         value.backward()
         optimizer.step()
         return value.item()
@@ -121,14 +150,16 @@ def measure(name, steps):
         step_seconds.append(time.perf_counter() - started)
     model.eval()
     inference_seconds = []
-    with torch.inference_mode():
-        model(images)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+        network(images)
         for _ in range(steps):
             started = time.perf_counter()
-            model(images)
+            network(images)
             inference_seconds.append(time.perf_counter() - started)
     return dict(
         name=f"torch_{name}",
+        precision=precision,
+        compiled=compiled,
         batch=batch,
         image_size=size,
         build_s=build_seconds,
@@ -146,8 +177,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(NETWORKS), default="resnet164")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--compile", action="store_true", help="train the torch.compile'd network")
     arguments = parser.parse_args()
-    print(json.dumps(measure(arguments.model, arguments.steps)))
+    print(json.dumps(measure(arguments.model, arguments.steps, arguments.precision, arguments.compile)))
 
 
 if __name__ == "__main__":

@@ -9,11 +9,11 @@ them) and:
   (one 32 x 32 JPEG, a different one per request) on its own kept-alive connection;
   requests/s, p50 and p95 latency, connection resets and other failures, 503s, and wrong
   answers (a class other than the one the same image gets alone);
-- with `--attacks` (first model only): 300 half-open connections (headers, then a body
+- with `--attacks [NAME ...]` (first model only; all of them where none is named): 300 half-open connections (headers, then a body
   that never finishes) held open while 8 clients send 20 requests each (their p95), and
   how many of the 300 the server has closed 15 s later; 2 clients sending requests of four
   4096 x 4096 PNGs while 8 clients send 20 small requests each (their p50 and p95), and the
-  same with 16 clients sending requests just under the large bound (one 256 x 255 JPEG each);
+  same with 16 clients sending requests of one JPEG just under the large bound (`JUST_UNDER`);
   an image bomb (a 431 KB PNG of 20000 x 20000 pixels) and the seconds until it is refused;
   eight animated GIFs of a 64 x 64 frame and 16 frames of 4096 x 4096 in one request;
   four 57 MB bodies of 15 million numbers at once, while a probe client asks for the model's status every 10 ms
@@ -60,6 +60,10 @@ from training_throughput import machine
 from tests.test_serving_battery import animated_gif_bomb
 
 HALF_OPEN_CONNECTIONS = 300
+# Images just under the bounds of a large request: a full batch at CIFAR's size (64 x 32 x 32
+# pixels, where a request counts as large now) and 1024 x 1024 pixels (where it counted as large
+# before fairness counted pixels: many such requests took both network threads).
+JUST_UNDER = ((255, 256), (1023, 1024))
 # The targets of the onnxruntime server on an idle machine: seconds from process
 # start to its first answer, and resident megabytes after the load for the zoo's ResNet-56.
 FIRST_ANSWER_SECONDS = 2.0
@@ -265,12 +269,10 @@ def large_images(served, bodies, expected, clients=2, requests=4):
     return normal, statuses
 
 
-def just_under_the_large_bound(served, bodies, expected, clients=16):
+def just_under(served, bodies, expected, height, width, clients=16):
     """`clients` clients each sending, for as long as 8 clients send 20 small requests each,
-    requests of one 256 x 255 JPEG: 65,280 pixels, just under the pixels of a full batch at
-    CIFAR's size (64 x 32 x 32, where a request counts as large): (the small ones' figures,
-    the just-under ones answered)."""
-    pixels = np.random.default_rng(11).integers(0, 256, size=(255, 256, 3), dtype=np.uint8)
+    requests of one `height` x `width` JPEG: (the small ones' figures, theirs answered)."""
+    pixels = np.random.default_rng(11).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
     image = base64.b64encode(tf.io.encode_jpeg(pixels, quality=90).numpy()).decode()
     body = json.dumps({"instances": [{"b64": image}]}).encode()
     done = threading.Event()
@@ -285,7 +287,7 @@ def just_under_the_large_bound(served, bodies, expected, clients=16):
 
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
         under = pool.map(send, range(clients))
-        time.sleep(0.5)  # the just-under ones queued
+        time.sleep(0.5)  # theirs queued
         normal = load(served, bodies, expected, clients=8, requests=20)
         done.set()
         answered = sum(under)
@@ -302,7 +304,12 @@ def main():
     parser.add_argument("--models", nargs="+", default=["resnet20", "resnet164"])
     parser.add_argument("--clients", nargs="+", type=int, default=[8, 64])
     parser.add_argument("--requests", type=int, default=50, help="requests per client")
-    parser.add_argument("--attacks", action="store_true", help="half-open connections, an image bomb, memory")
+    parser.add_argument(
+        "--attacks",
+        nargs="*",
+        choices=sorted(ATTACKS),
+        help="the attacks, all where none is named (first model only)",
+    )
     parser.add_argument(
         "--source",
         default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -332,11 +339,12 @@ def main():
         for index, name in enumerate(arguments.models):
             path, _ = exported(name, directory, formats=("saved_model", "onnx"), fold_batch_norms=arguments.fold)
             for runtime in arguments.runtimes:
-                serve_model(name, runtime, index == 0 and arguments.attacks, os.path.dirname(path), bodies, arguments)
+                attacks = [] if index or arguments.attacks is None else arguments.attacks or list(ATTACKS)
+                serve_model(name, runtime, attacks, os.path.dirname(path), bodies, arguments)
 
 
 def serve_model(name, runtime, attacks, model_dir, bodies, arguments):
-    """The load (and, with `attacks`, the attacks) against one server of `model_dir`."""
+    """The load, then the `attacks` (names of ATTACKS), against one server of `model_dir`."""
     options = arguments.server_options.split() + ([] if runtime == "auto" else ["--runtime", runtime])
     served = Served(model_dir, arguments.source, options)
     try:
@@ -362,56 +370,85 @@ def serve_model(name, runtime, attacks, model_dir, bodies, arguments):
                 f"{'met' if resident <= RESIDENT_MEGABYTES else 'missed'})",
                 flush=True,
             )
+        for attack in attacks:
+            ATTACKS[attack](name, served, bodies, expected)
         if attacks:
-            normal, closed = half_open(served, bodies, expected)
-            print(
-                f"{name}: {HALF_OPEN_CONNECTIONS} half-open connections held: 8 clients x 20 requests "
-                f"p95 {1000 * normal['p95']:.0f} ms, {normal['failures']} failures; {closed} of "
-                f"{HALF_OPEN_CONNECTIONS} closed by the server 15 s later",
-                flush=True,
-            )
-            normal, statuses = large_images(served, bodies, expected)
-            print(
-                f"{name}: 2 clients sending four 4096 x 4096 PNGs a request: 8 clients x 20 small requests "
-                f"meanwhile p50 {1000 * normal['p50']:.0f} ms, p95 {1000 * normal['p95']:.0f} ms, "
-                f"{normal['failures']} failures; the large ones {statuses}",
-                flush=True,
-            )
-            normal, answered = just_under_the_large_bound(served, bodies, expected)
-            print(
-                f"{name}: 16 clients sending one 256 x 255 JPEG a request (just under the large bound): 8 "
-                f"clients x 20 small requests meanwhile p50 {1000 * normal['p50']:.0f} ms, p95 "
-                f"{1000 * normal['p95']:.0f} ms, {normal['failures']} failures; {answered} just-under ones answered",
-                flush=True,
-            )
-            connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
-            status, answer, seconds = post(connection, served.path, bomb())
-            connection.close()
-            print(
-                f"{name}: image bomb (20000 x 20000 PNG): HTTP {status} in {1000 * seconds:.0f} ms: "
-                f"{str(answer)[:120]}",
-                flush=True,
-            )
-            connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
-            status, answer, seconds = post(connection, served.path, gif_bombs())
-            connection.close()
-            print(
-                f"{name}: 8 animated GIFs (64 x 64, then 16 frames of 4096 x 4096): HTTP {status} in "
-                f"{1000 * seconds:.0f} ms",
-                flush=True,
-            )
-            statuses, seconds, slowest = large_bodies(served)
-            print(
-                f"{name}: four 57 MB bodies of 15 million numbers at once: HTTP {statuses} in {seconds:.2f} s; "
-                f"the probe's slowest answer meanwhile {1000 * slowest:.0f} ms",
-                flush=True,
-            )
             print(
                 f"{name}: resident memory warm {warm:.0f} MB, after the attacks {served.resident_megabytes():.0f} MB",
                 flush=True,
             )
     finally:
         served.close()
+
+
+def attack_half_open(name, served, bodies, expected):
+    normal, closed = half_open(served, bodies, expected)
+    print(
+        f"{name}: {HALF_OPEN_CONNECTIONS} half-open connections held: 8 clients x 20 requests "
+        f"p95 {1000 * normal['p95']:.0f} ms, {normal['failures']} failures; {closed} of "
+        f"{HALF_OPEN_CONNECTIONS} closed by the server 15 s later",
+        flush=True,
+    )
+
+
+def attack_large_images(name, served, bodies, expected):
+    normal, statuses = large_images(served, bodies, expected)
+    print(
+        f"{name}: 2 clients sending four 4096 x 4096 PNGs a request: 8 clients x 20 small requests "
+        f"meanwhile p50 {1000 * normal['p50']:.0f} ms, p95 {1000 * normal['p95']:.0f} ms, "
+        f"{normal['failures']} failures; the large ones {statuses}",
+        flush=True,
+    )
+
+
+def attack_just_under(name, served, bodies, expected):
+    for height, width in JUST_UNDER:
+        normal, answered = just_under(served, bodies, expected, height, width)
+        print(
+            f"{name}: 16 clients sending one {width} x {height} JPEG a request ({height * width:,} pixels): 8 "
+            f"clients x 20 small requests meanwhile p50 {1000 * normal['p50']:.0f} ms, p95 "
+            f"{1000 * normal['p95']:.0f} ms, {normal['failures']} failures; {answered} of theirs answered",
+            flush=True,
+        )
+
+
+def attack_bomb(name, served, bodies, expected):
+    connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
+    status, answer, seconds = post(connection, served.path, bomb())
+    connection.close()
+    print(
+        f"{name}: image bomb (20000 x 20000 PNG): HTTP {status} in {1000 * seconds:.0f} ms: {str(answer)[:120]}",
+        flush=True,
+    )
+
+
+def attack_gifs(name, served, bodies, expected):
+    connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
+    status, _, seconds = post(connection, served.path, gif_bombs())
+    connection.close()
+    print(
+        f"{name}: 8 animated GIFs (64 x 64, then 16 frames of 4096 x 4096): HTTP {status} in {1000 * seconds:.0f} ms",
+        flush=True,
+    )
+
+
+def attack_large_bodies(name, served, bodies, expected):
+    statuses, seconds, slowest = large_bodies(served)
+    print(
+        f"{name}: four 57 MB bodies of 15 million numbers at once: HTTP {statuses} in {seconds:.2f} s; "
+        f"the probe's slowest answer meanwhile {1000 * slowest:.0f} ms",
+        flush=True,
+    )
+
+
+ATTACKS = {
+    "half_open": attack_half_open,
+    "large_images": attack_large_images,
+    "just_under": attack_just_under,
+    "bomb": attack_bomb,
+    "gifs": attack_gifs,
+    "large_bodies": attack_large_bodies,
+}
 
 
 if __name__ == "__main__":

@@ -597,9 +597,8 @@ NOTHING_SHIPPED = pytest.param(
 # The deepest shipped networks measured again on every backend: the ResNet-20s, whose units
 # (pre-activation and original, basic) are those of every deeper CIFAR network of the zoo but the
 # bottleneck ResNet-164s; the deeper ones are marked large (run on TensorFlow by `make test`, left
-# out on JAX and PyTorch, as test_models.py's largest networks are). A check takes ResNet-20 about
-# 50 s a backend on JAX or PyTorch here, 28 s on TensorFlow, and ResNet-56 about 2.5 times that
-# (2026-11-26): the ResNet-56s on JAX and PyTorch were a sixth of CI's run.
+# out on JAX and PyTorch, as test_models.py's largest networks are). The ResNet-56s' checks were a
+# fifth of the JAX suite's time (docs/benchmarks.md, "The test suite's time").
 DEEPEST_ON_EVERY_BACKEND = 20
 
 

@@ -41,12 +41,12 @@ SEND_PNG = "send it as PNG or JPEG"
 # data cannot hold (its 0xFF bytes are stuffed), so an EXIF thumbnail's scans count too.
 MAX_JPEG_SCANS = 100
 JPEG_START_OF_SCAN = b"\xff\xda"
-# What libjpeg may say of a JPEG that both runtimes then decode alike (its warnings
-# JWRN_EXTRANEOUS_DATA, JWRN_HUFF_BAD_CODE, JWRN_BOGUS_PROGRESSION, JWRN_NOT_SEQUENTIAL). Of 2,620
-# JPEGs cut short or with bytes flipped (`bench/damaged_jpegs.py --flips 1000`), `check` accepts
-# 1,415, which TensorFlow 2.21 and simplejpeg 1.9 both decode, to the same pixels; of the 1,195 it
-# refuses as damaged (data that end before the image does, at a marker or at the end of the
-# file; a bad table or marker), TensorFlow decoded 195 and simplejpeg 136, not the same ones.
+# What libjpeg may say of a JPEG that both runtimes then decode alike, to the same pixels (its
+# warnings JWRN_EXTRANEOUS_DATA, JWRN_HUFF_BAD_CODE, JWRN_BOGUS_PROGRESSION, JWRN_NOT_SEQUENTIAL);
+# of the JPEGs it first says anything else of (data that end before the image does, at a marker
+# or at the end of the file; a bad table or marker), TensorFlow decodes some that simplejpeg
+# refuses and refuses others it decodes. Measured on damaged JPEGs by bench/damaged_jpegs.py
+# (docs/benchmarks.md).
 JPEG_DECODED_THROUGH = (
     "extraneous bytes before marker",
     "bad Huffman code",
@@ -56,9 +56,8 @@ JPEG_DECODED_THROUGH = (
 # Frame headers (start of frame, SOF0-SOF15 but for DHT, JPG and DAC), and those of progressive
 # JPEGs, whose coefficients come in scans of a few each, in bits from the highest: where its
 # scans end before every coefficient has its lowest bit, libjpeg smooths the blocks' missing
-# detail, which TensorFlow's libjpeg-turbo does otherwise than simplejpeg's and Pillow's (up to 6
-# levels a pixel apart; 3 of the benchmark's 10 such files that libjpeg complains of in no other
-# way).
+# detail, which TensorFlow's libjpeg-turbo does otherwise than simplejpeg's and Pillow's (a few
+# levels a pixel apart, though libjpeg complains of nothing).
 JPEG_FRAMES = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 JPEG_PROGRESSIVE_FRAMES = {0xC2, 0xC6, 0xCA, 0xCE}
 # Chunks a PNG may hold (a 4096 x 4096 PNG in libpng's 8 KB IDAT chunks has about 6,000): the

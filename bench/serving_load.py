@@ -412,10 +412,17 @@ def attack_just_under(name, served, bodies, expected):
         )
 
 
-def attack_bomb(name, served, bodies, expected):
+def post_alone(served, body):
+    """Status, parsed answer and seconds of one request on a connection of its own."""
     connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
-    status, answer, seconds = post(connection, served.path, bomb())
-    connection.close()
+    try:
+        return post(connection, served.path, body)
+    finally:
+        connection.close()
+
+
+def attack_bomb(name, served, bodies, expected):
+    status, answer, seconds = post_alone(served, bomb())
     print(
         f"{name}: image bomb (20000 x 20000 PNG): HTTP {status} in {1000 * seconds:.0f} ms: {str(answer)[:120]}",
         flush=True,
@@ -423,9 +430,7 @@ def attack_bomb(name, served, bodies, expected):
 
 
 def attack_gifs(name, served, bodies, expected):
-    connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=300)
-    status, _, seconds = post(connection, served.path, gif_bombs())
-    connection.close()
+    status, _, seconds = post_alone(served, gif_bombs())
     print(
         f"{name}: 8 animated GIFs (64 x 64, then 16 frames of 4096 x 4096): HTTP {status} in {1000 * seconds:.0f} ms",
         flush=True,

@@ -53,6 +53,8 @@ mkdir -p "$RUNS"
 while entry=$(next_run) && [ -n "$entry" ]; do
   name=${entry%%|*}
   arguments=${entry#*|}
+  # A leading ~ in the arguments (a run's own --data-dir) is this user's home, as in a shell.
+  arguments=${arguments//\~\//$HOME/}
   mkdir -p "$RUNS/$name"
   echo "$(date -u +%FT%TZ) start $name: $arguments" >> "$RUNS/queue.log"
   # A run that names its own --data-dir in queue.txt keeps it; the others read $DATA.

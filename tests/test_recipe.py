@@ -83,14 +83,22 @@ def test_the_zoo_recipe_is_the_cpu_recipe_with_the_search_choices():
         for field in dataclasses.fields(zoo)
         if getattr(zoo, field.name) != getattr(cpu, field.name)
     }
-    assert changed == dict(schedule="cosine", nesterov=True, weight_decay=5e-4, precision="auto", duration=60)
+    assert changed == dict(
+        schedule="cosine",
+        nesterov=True,
+        weight_decay=5e-4,
+        precision="auto",
+        duration=60,
+        learning_rate=0.2,
+        cutout=16,
+    )
     model = recipe.training_model(zoo, (32, 32, 3), 10)
     optimizer = recipe.optimizer(zoo, 390, model)
     assert (optimizer.momentum, optimizer.nesterov) == (0.9, True)
     assert [optimizer.weight_decay_of(variable) for variable in model.trainable_variables] == pytest.approx(
         [5e-4] * len(model.trainable_variables)
     )
-    assert learning_rates(recipe.schedule(zoo, 390), [0, 389, 390, 23400]) == pytest.approx([0.01, 0.01, 0.1, 0.0])
+    assert learning_rates(recipe.schedule(zoo, 390), [0, 389, 390, 23400]) == pytest.approx([0.01, 0.01, 0.2, 0.0])
 
 
 def test_optimizer_is_sgd_with_the_paper_momentum_taking_over_the_weight_decay():

@@ -13,8 +13,9 @@ HEADER = (
 )
 
 
-def write_run(directory, schedule, errors, hours):
-    """A finished run that evaluated on validation after steps 100, 200, ... with `errors`."""
+def write_run(directory, schedule, errors, hours, **settings):
+    """A finished run that evaluated on validation after steps 100, 200, ... with `errors`,
+    its config `settings` besides the schedule and length."""
     directory.mkdir()
     rows = [
         f"{100 * (index + 1)},{index + 1},0.5,0.8,0.1,,,100,0.6,{error},{hours * (index + 1) / len(errors)}"
@@ -26,7 +27,7 @@ def write_run(directory, schedule, errors, hours):
         validation_error=errors[-1],
         steps=100 * len(errors),
         training_hours=hours,
-        config=dict(schedule=schedule, duration=len(errors), schedule_unit="epochs", batch_size=128),
+        config=dict(schedule=schedule, duration=len(errors), schedule_unit="epochs", batch_size=128, **settings),
     )
     (directory / "summary.json").write_text(json.dumps(summary))
     return str(directory)
@@ -61,6 +62,15 @@ def test_compare_tables_final_error_and_hours_to_come_close(tmp_path, capsys):
 
     assert cli.main(["compare", step, cosine, "--output", str(tmp_path / "cli")]) == 0
     assert "cosine: cosine schedule, 3 epochs, final error 9.50 %, 6.00 hours" in capsys.readouterr().out
+
+
+def test_compare_gives_a_setting_a_run_predates_its_default(tmp_path):
+    """A run whose config.json was written before a field existed had that field's default:
+    cutout=0, not None, beside a run with Cutout."""
+    before = write_run(tmp_path / "before", "cosine", [0.1], hours=1.0)
+    cutout = write_run(tmp_path / "cutout", "cosine", [0.1], hours=1.0, cutout=16, learning_rate=0.2)
+    table = compare.compare([before, cutout], str(tmp_path / "out"))
+    assert [row["settings"] for row in table] == ["cutout=0, learning_rate=0.1", "cutout=16, learning_rate=0.2"]
 
 
 def test_compare_refuses_unfinished_runs_and_bad_rates(tmp_path, capsys):

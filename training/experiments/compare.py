@@ -8,9 +8,11 @@ shared the CPU with other jobs logged slower stretches that say nothing of the s
 else the run's own logged hours.
 """
 
+import dataclasses
 import os
 
 from .. import checked_files, plots
+from ..train import configs as train_configs
 
 # "Close to the best": within this many points of the lowest final error of the runs compared.
 MARGIN_POINTS = 1.0
@@ -32,7 +34,15 @@ def load_run(run_dir):
 
 
 def differing_settings(configs):
-    """For each config, "field=value" of the recipe's fields whose values differ among `configs`."""
+    """For each config, "field=value" of the recipe's fields whose values differ among `configs`.
+
+    A field a run's config.json lacks (the run predates it) had the `Config` default."""
+    defaults = {
+        field.name: field.default
+        for field in dataclasses.fields(train_configs.Config)
+        if field.default is not dataclasses.MISSING
+    }
+    configs = [{**defaults, **config} for config in configs]
     fields = sorted({field for config in configs for field in config} - set(NOT_RECIPE))
     differing = [field for field in fields if len({repr(config.get(field)) for config in configs}) > 1]
     return [", ".join(f"{field}={config.get(field)}" for field in differing) for config in configs]

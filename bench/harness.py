@@ -177,12 +177,13 @@ def random_batch_training(model, batch, xla=False):
     return train_step, images
 
 
-def matmul_flops_per_second(size=4096, repeats=10):
-    """The CPU's float32 matmul rate through TensorFlow (the best of `repeats`)."""
+def matmul_flops_per_second(size=4096, repeats=10, dtype="float32"):
+    """The CPU's matmul rate through TensorFlow in `dtype` (the best of `repeats`): the
+    limit of a network's convolutions in that precision (bfloat16's for mixed precision)."""
     import tensorflow as tf
 
-    a = tf.random.normal((size, size))
-    b = tf.random.normal((size, size))
+    a = tf.cast(tf.random.normal((size, size)), dtype)
+    b = tf.cast(tf.random.normal((size, size)), dtype)
     tf.matmul(a, b).numpy()
     best = min(_timed(lambda: tf.matmul(a, b).numpy()) for _ in range(repeats))
     return 2 * size**3 / best

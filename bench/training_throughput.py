@@ -11,7 +11,8 @@ decoding, shuffling, batching, as training reads it) and (b) training each model
 `--config`'s recipe (the paper's by default; its optimizer, precision and augmentation,
 run for a few steps) at batch 128 (`keras-preact`'s loop, on Keras' backend:
 `KERAS_BACKEND=jax` times the JAX loop; the median over windows of `--window` steps
-after the first, which includes tracing).
+after the first, which includes tracing), with the share of the matmul peak in the
+precision it computes in (bfloat16's under mixed_bfloat16) that the rate reaches.
 """
 
 import argparse
@@ -24,8 +25,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import input_pipeline
 import keras
 import tensorflow as tf
-from harness import processor
+from harness import TRAINING_FLOPS_PER_FORWARD, forward_flops, matmul_flops_per_second, processor
 
+import keras_preact
 from keras_preact_training.train import configs, engines, loop, named_configs, precision
 
 
@@ -89,10 +91,18 @@ def main():
     print(f"machine: {machine()}")
     print(f"recipe: {arguments.config} ({config.precision}, nesterov={config.nesterov})")
     print(f"input pipeline, batch {arguments.batch_size}: {pipeline_images_per_second(config, 40):.0f} images/s")
+    compute_dtype = keras.DTypePolicy(config.precision).compute_dtype
+    peak = matmul_flops_per_second(dtype=compute_dtype)
+    print(f"{compute_dtype} matmul: {peak / 1e9:.0f} GFLOP/s")
     for model in arguments.models:
         with tempfile.TemporaryDirectory() as run_dir:
             summary = loop.train(config.override(f"model={model}"), run_dir, verbose=False)
-        print(f"training {model}, batch {arguments.batch_size}: {summary['training_images_per_second']:.1f} images/s")
+        rate = summary["training_images_per_second"]
+        flops = forward_flops(keras_preact.get_model(model, input_shape=(32, 32, 3), classes=10))
+        share = rate * TRAINING_FLOPS_PER_FORWARD * flops / peak
+        print(
+            f"training {model}, batch {arguments.batch_size}: {rate:.1f} images/s, {share:.0%} of the {compute_dtype} peak"
+        )
 
 
 if __name__ == "__main__":

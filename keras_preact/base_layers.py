@@ -104,7 +104,7 @@ class BatchNorm(keras.layers.BatchNormalization):
       computed, and must not update the averages twice.
 
     As in Keras, a layer that is not trainable normalizes with its moving statistics,
-    and inputs of lower precision (mixed precision) are normalized in float32.
+    and inputs of lower precision (mixed precision) are normalized with float32 arithmetic.
 
     A BatchNorm folded into the convolution before it (`keras_preact.fold_batch_norms`)
     only adds its `beta`, which then holds the folded bias, in training and inference.
@@ -127,10 +127,14 @@ class BatchNorm(keras.layers.BatchNormalization):
             return ops.cast(ops.add(inputs, ops.cast(self.beta, inputs.dtype)), self.compute_dtype)
         if mask is not None or self.renorm:
             return super().call(inputs, training=training, mask=mask)
-        inputs = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
-        gamma = ops.cast(self.gamma, inputs.dtype) if self.scale else ops.ones(inputs.shape[-1:], inputs.dtype)
-        beta = ops.cast(self.beta, inputs.dtype) if self.center else ops.zeros(inputs.shape[-1:], inputs.dtype)
         fused = self.runs_fused_kernel(inputs)
+        # Statistics and parameters in float32 (float64 under float64); the fused kernel reads
+        # and writes bfloat16 activations as they are, other inputs are normalized as float32.
+        dtype = keras.backend.result_type(inputs.dtype, "float32")
+        if not (fused and keras.backend.standardize_dtype(inputs.dtype) == "bfloat16"):
+            inputs = ops.cast(inputs, dtype)
+        gamma = ops.cast(self.gamma, dtype) if self.scale else ops.ones(inputs.shape[-1:], dtype)
+        beta = ops.cast(self.beta, dtype) if self.center else ops.zeros(inputs.shape[-1:], dtype)
         # A collector collects only while training; the backward pass's recomputation runs
         # outside the network's call, which passes `training` on.
         if (training or self.collector is not None) and self.trainable:
@@ -161,7 +165,7 @@ class BatchNorm(keras.layers.BatchNormalization):
             else:
                 self.update_moving_statistics(mean, variance)
         else:
-            mean, variance = (ops.cast(self.moving_mean, inputs.dtype), ops.cast(self.moving_variance, inputs.dtype))
+            mean, variance = (ops.cast(self.moving_mean, dtype), ops.cast(self.moving_variance, dtype))
             if fused:
                 outputs = _tensorflow_fused_batch_norm(inputs, gamma, beta, self.epsilon, mean, variance)
             else:
@@ -171,16 +175,17 @@ class BatchNorm(keras.layers.BatchNormalization):
         return ops.cast(outputs, self.compute_dtype)
 
     def runs_fused_kernel(self, inputs):
-        """Whether a call on `inputs` (as normalized: float32, or float64 under float64) runs
-        TensorFlow's fused kernel, which takes float32 only (float16 and bfloat16 inputs are
-        normalized in float32)."""
+        """Whether a call on `inputs` runs TensorFlow's fused kernel, which computes in float32:
+        every input but float64 (float16 ones cast to float32 around it; bfloat16 ones, as mixed
+        precision trains, read and written as they are, twice as fast forward and backward as
+        cast, docs/benchmarks.md)."""
         return (
             self.fused
             and keras.backend.backend() == "tensorflow"
             and len(inputs.shape) == 4
             and self.axis % 4 == 3
             and not self.synchronized
-            and keras.backend.standardize_dtype(inputs.dtype) == "float32"
+            and keras.backend.standardize_dtype(inputs.dtype) != "float64"
         )
 
     def update_moving_statistics(self, mean, variance):
@@ -230,7 +235,7 @@ def batch_norm(weight_decay, name, dtype=None):
 
 
 def _tensorflow_fused_batch_norm(inputs, gamma, beta, epsilon, mean=None, variance=None, average_factor=None):
-    """TensorFlow's fused kernel on NHWC float32 `inputs`.
+    """TensorFlow's fused kernel on NHWC float32 or bfloat16 `inputs`, float32 `gamma` and `beta`.
 
     Training without `mean` and `variance`: returns (outputs, batch mean, batch variance
     with Bessel's correction); the outputs are normalized with the biased variance.

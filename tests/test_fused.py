@@ -140,6 +140,32 @@ def test_the_traced_graph_holds_the_fused_kernel_or_not(fused):
         assert ("FusedBatchNormV3" in kinds) == fused, training
 
 
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("policy, kernel_dtype", [("mixed_bfloat16", "bfloat16"), ("mixed_float16", "float32")])
+def test_the_fused_kernel_reads_bfloat16_activations_as_they_are(policy, kernel_dtype):
+    """Under mixed_bfloat16 every BatchNorm's kernel, forward and gradient, takes the bfloat16
+    activations themselves (it computes in float32 inside; no casts to float32 and back around
+    it, which doubled its time); float16 ones are still cast to float32 around it."""
+    import tensorflow as tf
+
+    keras.config.set_dtype_policy(policy)
+    try:
+        model = network("preactivation")
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+    def step(images):
+        with tf.GradientTape() as tape:
+            loss = weighted_sum(model(images, training=True))
+        return tape.gradient(loss, model.trainable_variables)
+
+    graph = tf.function(step).get_concrete_function(tf.TensorSpec((2, 16, 16, 3))).graph
+    kernels = [operation for operation in graph.get_operations() if operation.type.startswith("FusedBatchNorm")]
+    assert {operation.type for operation in kernels} == {"FusedBatchNormV3", "FusedBatchNormGradV3"}
+    assert {operation.get_attr("T").name for operation in kernels} == {kernel_dtype}
+    assert len([operation for operation in kernels if operation.type == "FusedBatchNormV3"]) == 13
+
+
 def test_moving_variance_is_unbiased_on_every_path():
     """Torch's (and the fused kernel's) running variance: the batch variance with Bessel's
     correction; the batch is normalized with the biased one."""

@@ -52,15 +52,15 @@ def run(*arguments):
     return subprocess.run([KERAS_PREACT, *arguments], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("name, top", [("images.tar.xz", "cifar10-jpeg"), ("images.zip", None)])
+@pytest.mark.parametrize("name, top", [("images.tar.xz", "cifar10-png"), ("images.zip", None)])
 def test_data_makes_the_folder_from_an_archive_once(tmp_path, name, top):
     archive = archive_of(sample_folder(tmp_path / "source"), tmp_path / name, top)
-    destination = str(tmp_path / "cache" / "cifar10-jpeg")
+    destination = str(tmp_path / "cache" / "cifar10-png")
     made = run("data", archive, "--data-dir", destination)
     assert made.returncode == 0, made.stderr
     assert made.stdout == f"Made: {destination}, 10 training and 10 test images in 10 classes.\n"
     assert sorted(os.listdir(os.path.join(destination, "train"))) == sorted(os.listdir(tmp_path / "source" / "train"))
-    assert sorted(os.listdir(tmp_path / "cache")) == ["cifar10-jpeg", "cifar10-jpeg.done", "cifar10-jpeg.lock"]
+    assert sorted(os.listdir(tmp_path / "cache")) == ["cifar10-png", "cifar10-png.done", "cifar10-png.lock"]
     again = run("data", archive, "--data-dir", destination)
     assert again.stdout.startswith(f"Already made: {destination}, 10 training")
 
@@ -194,10 +194,10 @@ def test_a_release_whose_pickles_name_anything_else_is_refused_unrun(tmp_path):
     ids=["missing", "not an archive", "no train and test"],
 )
 def test_data_refuses_what_is_not_an_archive_of_an_image_folder(tmp_path, make, message):
-    result = run("data", make(tmp_path), "--data-dir", str(tmp_path / "cifar10-jpeg"))
+    result = run("data", make(tmp_path), "--data-dir", str(tmp_path / "cifar10-png"))
     assert result.returncode == 2
     assert result.stderr.startswith("error: " + message.format(tmp=tmp_path))
-    assert not (tmp_path / "cifar10-jpeg").exists() and not (tmp_path / "cifar10-jpeg.done").exists()
+    assert not (tmp_path / "cifar10-png").exists() and not (tmp_path / "cifar10-png.done").exists()
     assert [name for name in os.listdir(tmp_path) if name.startswith(".extracting")] == []
 
 

@@ -2,8 +2,13 @@
 shipped network beside the published errors (`keras-preact zoo`), Table 3's comparison at the
 zoo's scale (`keras-preact zoo --units`), and the zoo page's figures."""
 
+import dataclasses
+import json
+import shlex
+
 from keras_preact import pretrained
 
+from ..train import configs, named_configs
 from .ablation import TABLES
 from .zoo import user_command
 
@@ -65,6 +70,46 @@ def trained_on(entry):
     )
 
 
+def setting_text(value):
+    """A config value as `--set FIELD=VALUE` takes it (`configs.parse_value`)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return ",".join(f"{part:g}" if isinstance(part, float) else str(part) for part in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def reproducing_command(entry):
+    """The entry's command as a user types it (without the data folder), with `--set
+    FIELD=VALUE` for each recipe field in which its run differs from the named config as that
+    config is now: a run trained before the zoo's recipe changed is trained again by it. A
+    field the run's config predates had `Config`'s default; `precision=auto` (resolved per
+    processor) is not a difference."""
+    command = user_command(entry["command"], data_dir=False)
+    words = shlex.split(command)
+    named = named_configs.CONFIGS.get(words[words.index("--config") + 1]) if "--config" in words else None
+    if named is None:
+        return command
+    already = {words[index + 1].partition("=")[0] for index, word in enumerate(words[:-1]) if word == "--set"}
+    defaults = {
+        field.name: field.default
+        for field in dataclasses.fields(configs.Config)
+        if field.default is not dataclasses.MISSING
+    }
+    ran = json.loads(json.dumps({**defaults, **entry["config"]}))
+    today = json.loads(json.dumps(dataclasses.asdict(named)))  # as a run's config.json holds it
+    differing = [
+        field
+        for field in sorted(today)
+        if field not in (*NOT_RECIPE, *already)
+        and ran.get(field) != today[field]
+        and not (field == "precision" and today[field] == "auto")
+    ]
+    return shlex.join([*words, *(part for field in differing for part in ("--set", f"{field}={setting_text(ran[field])}"))])
+
+
 def markdown_table(registry=None):
     """The zoo's table: every shipped CIFAR-10 network, its final error on the 10,000 original
     test images beside the published ones, what it trained on, its training hours and recipe,
@@ -77,7 +122,7 @@ def markdown_table(registry=None):
     for name, entry in in_table_order(registry):
         references = REFERENCES.get(depth_and_unit(name)[0], {})
         config = entry["config"]
-        command = f"`{user_command(entry['command'], data_dir=False)}`" if entry.get("command") else ""
+        command = f"`{reproducing_command(entry)}`" if entry.get("command") else ""
         flip = f"{100 * entry['flip_test_error']:.2f}" if entry.get("flip_test_error") is not None else ""
         training_set = f"{100 * entry['train_error']:.2f}" if entry.get("train_error") is not None else ""
         alone = (

@@ -107,7 +107,9 @@ def reproducing_command(entry):
         and ran.get(field) != today[field]
         and not (field == "precision" and today[field] == "auto")
     ]
-    return shlex.join([*words, *(part for field in differing for part in ("--set", f"{field}={setting_text(ran[field])}"))])
+    return shlex.join(
+        [*words, *(part for field in differing for part in ("--set", f"{field}={setting_text(ran[field])}"))]
+    )
 
 
 def markdown_table(registry=None):

@@ -8,7 +8,6 @@ shared the CPU with other jobs logged slower stretches that say nothing of the s
 else the run's own logged hours.
 """
 
-import dataclasses
 import os
 
 from .. import checked_files, plots
@@ -37,12 +36,7 @@ def differing_settings(configs):
     """For each config, "field=value" of the recipe's fields whose values differ among `configs`.
 
     A field a run's config.json lacks (the run predates it) had the `Config` default."""
-    defaults = {
-        field.name: field.default
-        for field in dataclasses.fields(train_configs.Config)
-        if field.default is not dataclasses.MISSING
-    }
-    configs = [{**defaults, **config} for config in configs]
+    configs = [{**train_configs.field_defaults(), **config} for config in configs]
     fields = sorted({field for config in configs for field in config} - set(NOT_RECIPE))
     differing = [field for field in fields if len({repr(config.get(field)) for config in configs}) > 1]
     return [", ".join(f"{field}={config.get(field)}" for field in differing) for config in configs]

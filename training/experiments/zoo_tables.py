@@ -93,12 +93,7 @@ def reproducing_command(entry):
     if named is None:
         return command
     already = {words[index + 1].partition("=")[0] for index, word in enumerate(words[:-1]) if word == "--set"}
-    defaults = {
-        field.name: field.default
-        for field in dataclasses.fields(configs.Config)
-        if field.default is not dataclasses.MISSING
-    }
-    ran = json.loads(json.dumps({**defaults, **entry["config"]}))
+    ran = json.loads(json.dumps({**configs.field_defaults(), **entry["config"]}))
     today = json.loads(json.dumps(dataclasses.asdict(named)))  # as a run's config.json holds it
     differing = [
         field

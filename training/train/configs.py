@@ -364,6 +364,14 @@ def parse_value(text, kind, name):
     return text
 
 
+def field_defaults():
+    """{field: default} of every `Config` field that has one: what a run whose config.json
+    predates a field trained with."""
+    return {
+        field.name: field.default for field in dataclasses.fields(Config) if field.default is not dataclasses.MISSING
+    }
+
+
 def steps_per_epoch(examples, batch_size):
     """Full global batches per epoch (the last partial batch is dropped)."""
     steps = examples // batch_size

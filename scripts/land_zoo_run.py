@@ -1,6 +1,8 @@
 """Lands a finished zoo run: the network, its registry entry, curves, logs and table rows together.
 
     python scripts/land_zoo_run.py ~/.cache/keras-preact/runs/zoo-resnet20 --name resnet20 --images-per-second 690
+    python scripts/land_zoo_run.py ~/.cache/keras-preact/runs/zoo-resnet20-seed1 --name resnet20 \
+        --images-per-second 690 --another-seed
 
 Publishes the run (`keras-preact publish`: the weights file, evaluated again, and its
 registry entry with the hours alone at the rate measured alone), draws its curves from its
@@ -8,7 +10,11 @@ log into `docs/zoo_<name>_curves.png` (titled with the data folder's name, which
 version trained it), copies its config, log and summary to `docs/runs/zoo-<name>/`, and
 rewrites from the registry the zoo's tables in README.md and docs/zoo.md (`keras-preact
 zoo`, and `zoo --units` in the README) and docs/zoo.md's curves, one figure per network in
-the table's order. Then commit the lot in one commit.
+the table's order. With `--another-seed`, the run is the shipped network's recipe trained
+again with another seed: its errors join the network's entry (`zoo.add_seed`; the shipped
+weights and curves stay the first seed's), its logs go to `docs/runs/zoo-<name>-seed<seed>/`,
+and the tables give the mean and standard deviation over the seeds. Then commit the lot in one
+commit.
 """
 
 import argparse
@@ -63,13 +69,25 @@ def main():
         help="its training rate measured alone (bench/training_throughput.py --config cifar10_zoo)",
     )
     parser.add_argument("--data-dir", help="CIFAR-10 here, where the run trained elsewhere (default: the run's own)")
-    arguments = parser.parse_args()
-    entry = zoo.publish(
-        arguments.run_dir, arguments.name, arguments.data_dir, images_per_second=arguments.images_per_second
+    parser.add_argument(
+        "--another-seed",
+        action="store_true",
+        help="the run is the shipped network's recipe with another seed: add its errors to the network's entry",
     )
-    curves = f"zoo_{arguments.name}_curves.png"
-    draw_curves(arguments.run_dir, arguments.name, os.path.join(ROOT, "docs", curves))
-    logs = os.path.join(ROOT, "docs", "runs", f"zoo-{arguments.name}")
+    arguments = parser.parse_args()
+    if arguments.another_seed:
+        entry = zoo.add_seed(
+            arguments.run_dir, arguments.name, arguments.data_dir, images_per_second=arguments.images_per_second
+        )
+        landed = entry["other_seeds"][-1]
+        logs = os.path.join(ROOT, "docs", "runs", f"zoo-{arguments.name}-seed{landed['seed']}")
+    else:
+        landed = entry = zoo.publish(
+            arguments.run_dir, arguments.name, arguments.data_dir, images_per_second=arguments.images_per_second
+        )
+        curves = f"zoo_{arguments.name}_curves.png"
+        draw_curves(arguments.run_dir, arguments.name, os.path.join(ROOT, "docs", curves))
+        logs = os.path.join(ROOT, "docs", "runs", f"zoo-{arguments.name}")
     os.makedirs(logs, exist_ok=True)
     for name in ("config.json", "log.csv", "summary.json"):
         shutil.copy(os.path.join(arguments.run_dir, name), logs)
@@ -88,9 +106,10 @@ def main():
         with open(path, "w") as file:
             file.write(text)
     print(
-        f"{arguments.name}: test error {100 * entry['test_error']:.2f} %, with flip "
-        f"{100 * entry['flip_test_error']:.2f} %, {entry['hours_alone']:.2f} hours alone; curves, logs and "
-        f"tables written: commit them together."
+        f"{arguments.name}: test error {100 * landed['test_error']:.2f} %, with flip "
+        f"{100 * landed['flip_test_error']:.2f} %, {landed['hours_alone']:.2f} hours alone "
+        f"({len(zoo_tables.seed_values(entry, 'test_error'))} seeds: {zoo_tables.percent(entry, 'test_error')} %); "
+        f"logs and tables written: commit them together."
     )
 
 

@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -262,23 +263,36 @@ def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
         }
     }
     assert zoo_tables.unit_comparison_table(registry).splitlines()[2:] == [
-        "| resnet20 | 10.34 | 10.12 | +0.22 | 9.67 / 9.51 | 8.75 (He 2015) / none | 30 epochs, cosine |"
+        "| resnet20 | 10.34 | 10.12 | +0.22 | 9.67 / 9.51 | 1 / 1 | 8.75 (He 2015) / none | 30 epochs, cosine |"
     ]
     # The same recipe on other data (the JPEG copy): not compared.
     jpeg = dict(registry["cifar10"], resnet20_original=entry(0.1034, 0.0967, "JPEGs", model="resnet20_original"))
     assert zoo_tables.unit_comparison_table({"cifar10": jpeg}).splitlines()[2:] == [
-        "| none yet: no depth is shipped with both units trained by one recipe | | | | | | |"
+        "| none yet: no depth is shipped with both units trained by one recipe | | | | | | | |"
     ]
     # No pair: a row says so, rather than a table of headers alone.
     unpaired = {"cifar10": {name: registry["cifar10"][name] for name in ("resnet20", "resnet56_original")}}
     assert zoo_tables.unit_comparison_table(unpaired).splitlines()[2:] == [
-        "| none yet: no depth is shipped with both units trained by one recipe | | | | | | |"
+        "| none yet: no depth is shipped with both units trained by one recipe | | | | | | | |"
     ]
     # Table 3's own rows where the paper has both units; the original's where it has one.
     registry["cifar10"]["resnet110_original"] = entry(0.0712, 0.0655, model="resnet110_original")
     assert zoo_tables.unit_comparison_table(registry).splitlines()[3] == (
-        "| resnet110 | 7.12 | 7.00 | +0.12 | 6.55 / 6.00 | 6.61 (Table 3) / 6.37 (Table 3) | 30 epochs, cosine |"
+        "| resnet110 | 7.12 | 7.00 | +0.12 | 6.55 / 6.00 | 1 / 1 | 6.61 (Table 3) / 6.37 (Table 3) | 30 epochs, cosine |"
     )
+    # Over several seeds: the mean and sample standard deviation, the gain of the means.
+    registry["cifar10"]["resnet110"]["other_seeds"] = [
+        dict(seed=1, test_error=0.0720, flip_test_error=0.0610),
+        dict(seed=2, test_error=0.0680, flip_test_error=0.0590),
+    ]
+    assert zoo_tables.unit_comparison_table(registry).splitlines()[3] == (
+        "| resnet110 | 7.12 | 7.00 ± 0.20 | +0.12 | 6.55 / 6.00 ± 0.10 | 1 / 3 | 6.61 (Table 3) / 6.37 (Table 3) "
+        "| 30 epochs, cosine |"
+    )
+    assert zoo_tables.test_error_cell(registry["cifar10"]["resnet110"]) == "**7.00 ± 0.20** (3 seeds; this file 7.00)"
+    assert zoo_tables.test_error_cell(registry["cifar10"]["resnet110_original"]) == "**7.12**"
+    # A seed without the training-set error (an entry that predates it): no figure rather than a wrong one.
+    assert zoo_tables.percent(registry["cifar10"]["resnet110"], "train_error") == ""
     assert [
         zoo_tables.paper_error(name) for name in ("resnet56", "resnet56_original", "resnet110_original", "resnet32")
     ] == [
@@ -429,7 +443,7 @@ def test_evaluate_refuses_bad_input(shipped, small_cifar, tmp_path, capsys):
 
 
 @pytest.mark.tensorflow
-def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_path, monkeypatch):
+def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_path, monkeypatch, capsys):
     from keras_preact_training import cli
     from keras_preact_training.experiments import zoo, zoo_tables
     from keras_preact_training.train import evaluate
@@ -516,6 +530,55 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     loaded = keras_preact.ResNet20(weights="cifar10", classifier_activation=None)
     for got, want in zip(values(loaded), values(network), strict=True):
         np.testing.assert_array_equal(got, want)
+
+    # The same recipe with another seed joins the entry: its errors, not its weights.
+    seed_run = tmp_path / "seed1"
+    assert cli.main([*arguments[:8], str(seed_run), *arguments[9:], "--set", "seed=1"]) == 0
+    with pytest.raises(ValueError, match=r"holds seed 0 already \(its seeds: \[0\]\); the run must have another"):
+        zoo.add_seed(str(run_dir), "resnet20")
+    with pytest.raises(ValueError, match="^name must be a network with a registry entry.*Received: name='resnet56'$"):
+        zoo.add_seed(str(seed_run), "resnet56")
+    other = tmp_path / "other-recipe"
+    shutil.copytree(seed_run, other)
+    other_summary = json.loads((other / "summary.json").read_text())
+    other_summary["config"].update(weight_decay=0.001, cutout=8, checkpoint_every=7)
+    (other / "summary.json").write_text(json.dumps(other_summary))
+    with pytest.raises(
+        ValueError, match="not resnet20's shipped recipe with another seed: it differs in cutout, weight_decay\\."
+    ):
+        zoo.add_seed(str(other), "resnet20")
+    capsys.readouterr()
+    publish = [
+        "publish",
+        "--run-dir",
+        str(seed_run),
+        "--name",
+        "resnet20",
+        "--another-seed",
+        "--images-per-second",
+        "0.05",
+    ]
+    assert cli.main(publish) == 0
+    seeded = pretrained.registry()["cifar10"]["resnet20"]
+    (landed,) = seeded["other_seeds"]
+    seed_summary = json.loads((seed_run / "summary.json").read_text())
+    assert landed["seed"] == 1 and abs(landed["test_error"] - seed_summary["test_error"]) <= zoo.AGREEMENT
+    assert landed["command"].endswith("--set warmup=0 --set seed=1") and landed["hours_alone"] == entry["hours_alone"]
+    assert {key: value for key, value in seeded.items() if key != "other_seeds"} == entry
+    errors = [entry["test_error"], landed["test_error"]]
+    mean_and_deviation = f"{100 * np.mean(errors):.2f} ± {100 * np.std(errors, ddof=1):.2f}"
+    assert capsys.readouterr().out == (
+        f"Added seed 1 to resnet20: test error {100 * landed['test_error']:.2f} %; 2 seeds: {mean_and_deviation} %.\n"
+    )
+    row = zoo_tables.markdown_table().splitlines()[2]
+    assert row.startswith(
+        f"| resnet20 | pre-activation | 0.27M | **{mean_and_deviation}** (2 seeds; this file {100 * entry['test_error']:.2f}) | "
+    )
+    assert cli.main(publish) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: resnet20's entry holds seed 1 already (its seeds: [0, 1]); the run must have another. "
+        f"Received: run_dir={str(seed_run)!r}"
+    )
 
     # A run trained in bfloat16 is checked against its own evaluation in bfloat16 (rounding
     # moves predictions between precisions); the registry keeps float32's errors, as

@@ -20,11 +20,27 @@ def add_arguments(parser):
         help="the network's training rate measured alone on the machine that trained it "
         "(python bench/training_throughput.py): the entry records the hours alone",
     )
+    parser.add_argument(
+        "--another-seed",
+        action="store_true",
+        help="the run is the registered network's recipe trained with another seed: its errors join the "
+        "network's entry (the tables give the mean and standard deviation over the seeds); its weights are not shipped",
+    )
 
 
 def run(arguments):
-    from ..experiments import zoo
+    from ..experiments import zoo, zoo_tables
 
+    if arguments.another_seed:
+        entry = zoo.add_seed(
+            arguments.run_dir, arguments.name, arguments.data_dir, images_per_second=arguments.images_per_second
+        )
+        seed = entry["other_seeds"][-1]
+        print(
+            f"Added seed {seed['seed']} to {arguments.name}: test error {100 * seed['test_error']:.2f} %; "
+            f"{1 + len(entry['other_seeds'])} seeds: {zoo_tables.percent(entry, 'test_error')} %."
+        )
+        return 0
     entry = zoo.publish(
         arguments.run_dir, arguments.name, arguments.data_dir, images_per_second=arguments.images_per_second
     )

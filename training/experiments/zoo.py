@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import shlex
+import tempfile
 
 import keras
 import numpy as np
@@ -24,7 +25,7 @@ from keras_preact import checksums, pretrained
 
 from .. import checked_files
 from ..data import datasets
-from ..train import evaluate, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
+from ..train import configs, evaluate, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
 # What the zoo's networks train and are tested on, named by what it is (the networks trained
 # on the JPEG copy before say so in their own entries).
@@ -95,43 +96,22 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
             shipped file whose test error disagrees with the run's.
         FileNotFoundError: for a missing run.
     """
-    if images_per_second is not None and not (
-        isinstance(images_per_second, (int, float)) and 0 < images_per_second < float("inf")
-    ):
-        raise ValueError(
-            f"images_per_second must be a positive number. Received: images_per_second={images_per_second!r}"
-        )
+    check_images_per_second(images_per_second)
     summary = finished_run(run_dir)
     config = summary["config"]
     path, shipped = save_network(run_dir, name, weights_directory or pretrained.WEIGHTS_DIRECTORY)
     size = os.path.getsize(path)
-    data_dir = data_dir or config["data_dir"]
-    # The registry's errors are float32's, as `weights="cifar10"` loads the network; the
-    # check against the run's own evaluation computes in the run's precision.
-    result = evaluate.evaluate(name, path, config["dataset"], data_dir, flip=True)
-    precision = config.get("precision", "float32")
-    as_run = (
-        result
-        if precision == "float32"
-        else evaluate.evaluate(name, path, config["dataset"], data_dir, precision=precision)
-    )
-    if abs(as_run["error"] - summary["test_error"]) > AGREEMENT:
+    try:
+        errors = measure(name, path, summary, data_dir)
+    except ValueError:
         os.remove(path)
-        raise ValueError(
-            f"The shipped file's test error in the run's precision, {precision} ({100 * as_run['error']:.2f} %), "
-            f"differs from the run's ({100 * summary['test_error']:.2f} %): the network or its preprocessing is not "
-            f"the run's."
-        )
-    training_set = evaluate.evaluate(name, path, config["dataset"], data_dir, split="train")
+        raise
     entry = dict(
         file=os.path.basename(path),
         sha256=checksums.sha256(path),
         bytes=size,
         parameters=sum(int(np.prod(weight.shape)) for weight in shipped.trainable_weights),
-        test_error=round(result["error"], 6),
-        flip_test_error=round(result["flip_error"], 6),
-        train_error=round(training_set["error"], 6),
-        per_class_accuracy={label: round(value, 4) for label, value in result["per_class_accuracy"].items()},
+        **errors,
         data=DATA_DESCRIPTION,
         command=user_command(summary.get("command")),
         config=dict(config, data_dir=user_data_dir(config.get("data_dir"))),
@@ -147,6 +127,151 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
     )
     register(registry_file or pretrained.REGISTRY_FILE, name, entry)
     return entry
+
+
+def add_seed(run_dir, name, data_dir=None, registry_file=None, images_per_second=None):
+    """Adds the finished run in `run_dir`, `name`'s shipped recipe trained again with another
+    seed, to `name`'s registry entry: its errors (`measure`), seed, command and hours join the
+    entry's `other_seeds`, whose tables give the mean and standard deviation over every seed
+    the entry holds. The shipped weights stay the entry's own.
+
+    Args:
+        run_dir, data_dir, images_per_second: as `publish` takes them.
+        name: a network with a registry entry.
+        registry_file: the registry (the package's by default).
+
+    Returns:
+        The registry entry.
+
+    Raises:
+        ValueError: where `name` has no entry, where the run differs from the entry by more
+            than its seed (recipe or data), or where its seed is one the entry holds already.
+        FileNotFoundError: for a missing run.
+    """
+    check_images_per_second(images_per_second)
+    registry_file = registry_file or pretrained.REGISTRY_FILE
+    summary = finished_run(run_dir)
+    entry = pretrained.registry(registry_file).get("cifar10", {}).get(name) if os.path.isfile(registry_file) else None
+    if entry is None:
+        raise ValueError(
+            f"name must be a network with a registry entry, whose recipe the run trained with another seed "
+            f"(`keras-preact publish` its first run). Received: name={name!r}"
+        )
+    config = dict(summary["config"], data_dir=user_data_dir(summary["config"].get("data_dir")))
+    differences = recipe_differences(entry["config"], config, apart_from=("seed",))
+    if entry["data"] != DATA_DESCRIPTION:
+        differences.append("data")
+    if differences:
+        raise ValueError(
+            f"The run in {run_dir} is not {name}'s shipped recipe with another seed: it differs in "
+            f"{', '.join(differences)}. Received: run_dir={run_dir!r}"
+        )
+    seeds = [seed_of(entry["config"]), *(other["seed"] for other in entry.get("other_seeds", ()))]
+    if seed_of(config) in seeds:
+        raise ValueError(
+            f"{name}'s entry holds seed {seed_of(config)} already (its seeds: {seeds}); the run must have another. "
+            f"Received: run_dir={run_dir!r}"
+        )
+    with tempfile.TemporaryDirectory() as directory:
+        path, _ = save_network(run_dir, name, directory)
+        errors = measure(name, path, summary, data_dir)
+    errors.pop("per_class_accuracy")
+    entry.setdefault("other_seeds", []).append(
+        dict(
+            seed=seed_of(config),
+            **errors,
+            command=user_command(summary.get("command")),
+            **hours(summary, images_per_second),
+            date=datetime.date.today().isoformat(),
+        )
+    )
+    register(registry_file, name, entry)
+    return entry
+
+
+def seed_of(config):
+    """The seed of a run's config (one that predates the field had `Config`'s default)."""
+    return config.get("seed", configs.field_defaults()["seed"])
+
+
+# Config fields that say how a run was logged, where its files were, or which kernels and
+# layout computed the same network (to float rounding, `keras_preact_training.train.configs.Config`), not what it trained.
+NOT_RECIPE = (
+    "model",
+    "unit",
+    "data_dir",
+    "checkpoint_every",
+    "evaluate_every",
+    "log_every",
+    "scan_units",
+    "rematerialize",
+    "fused_batch_norm",
+    "deterministic",
+)
+
+
+def recipe_differences(first, second, apart_from=()):
+    """The fields, sorted, in which two runs' configs differ outside `NOT_RECIPE` and
+    `apart_from` (a field a config predates had `Config`'s default)."""
+    defaults = configs.field_defaults()
+    # As a run's config.json holds them (tuples as lists).
+    first, second = (json.loads(json.dumps({**defaults, **config})) for config in (first, second))
+    return [
+        field
+        for field in sorted(set(first) | set(second))
+        if field not in (*NOT_RECIPE, *apart_from) and first.get(field) != second.get(field)
+    ]
+
+
+def same_recipe(first, second):
+    """Whether two registry entries' networks were trained by the same recipe on the same data
+    (every config field but the network and `NOT_RECIPE`'s, and the data they describe)."""
+    return not recipe_differences(first["config"], second["config"]) and first["data"] == second["data"]
+
+
+def check_images_per_second(images_per_second):
+    """Raises a ValueError naming `images_per_second` unless it is None or a positive number."""
+    if images_per_second is not None and not (
+        isinstance(images_per_second, (int, float)) and 0 < images_per_second < float("inf")
+    ):
+        raise ValueError(
+            f"images_per_second must be a positive number. Received: images_per_second={images_per_second!r}"
+        )
+
+
+def measure(name, path, summary, data_dir=None):
+    """The errors of `name`'s weights file `path` (saved from the run of `summary`) on the run's
+    data (or `data_dir`): on the test images in float32, single crop and with the flip, its
+    per-class accuracy, and on the training images in inference mode.
+
+    Raises:
+        ValueError: where the file's test error in the run's precision disagrees with the
+            run's own final one (`AGREEMENT`).
+    """
+    config = summary["config"]
+    data_dir = data_dir or config["data_dir"]
+    # The registry's errors are float32's, as `weights="cifar10"` loads the network; the
+    # check against the run's own evaluation computes in the run's precision.
+    result = evaluate.evaluate(name, path, config["dataset"], data_dir, flip=True)
+    precision = config.get("precision", "float32")
+    as_run = (
+        result
+        if precision == "float32"
+        else evaluate.evaluate(name, path, config["dataset"], data_dir, precision=precision)
+    )
+    if abs(as_run["error"] - summary["test_error"]) > AGREEMENT:
+        raise ValueError(
+            f"The shipped file's test error in the run's precision, {precision} ({100 * as_run['error']:.2f} %), "
+            f"differs from the run's ({100 * summary['test_error']:.2f} %): the network or its preprocessing is not "
+            f"the run's."
+        )
+    training_set = evaluate.evaluate(name, path, config["dataset"], data_dir, split="train")
+    return dict(
+        test_error=round(result["error"], 6),
+        flip_test_error=round(result["flip_error"], 6),
+        train_error=round(training_set["error"], 6),
+        per_class_accuracy={label: round(value, 4) for label, value in result["per_class_accuracy"].items()},
+    )
 
 
 def finished_run(run_dir):

@@ -5,12 +5,13 @@ zoo's scale (`keras-preact zoo --units`), and the zoo page's figures."""
 import dataclasses
 import json
 import shlex
+import statistics
 
 from keras_preact import pretrained
 
 from ..train import configs, named_configs
 from .ablation import TABLES
-from .zoo import user_command
+from .zoo import recipe_differences, same_recipe, user_command
 
 # Published CIFAR-10 test errors (%) of each depth of the zoo, for its tables: the paper's, by
 # unit, as (error, source): He et al. 2015 ("Deep Residual Learning for Image Recognition",
@@ -81,6 +82,31 @@ def setting_text(value):
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def seed_values(entry, key):
+    """`key` ("test_error", "flip_test_error", "train_error") of each seed a registry entry
+    holds: its own run's, then its other seeds' (`zoo.add_seed`); None where one lacks it."""
+    return [entry.get(key), *(other.get(key) for other in entry.get("other_seeds", ()))]
+
+
+def percent(entry, key):
+    """`key` of a registry entry in percent as the tables print it: "9.06" for one seed, the
+    mean and sample standard deviation "9.10 ± 0.06" over several; "" where a seed lacks it."""
+    values = seed_values(entry, key)
+    if None in values:
+        return ""
+    if len(values) == 1:
+        return f"{100 * values[0]:.2f}"
+    return f"{100 * statistics.mean(values):.2f} ± {100 * statistics.stdev(values):.2f}"
+
+
+def test_error_cell(entry):
+    """The zoo table's test error: the shipped file's, bold; over several seeds their mean and
+    standard deviation, bold, and the shipped file's beside it."""
+    seeds = len(seed_values(entry, "test_error"))
+    shipped = "" if seeds == 1 else f" ({seeds} seeds; this file {100 * entry['test_error']:.2f})"
+    return f"**{percent(entry, 'test_error')}**{shipped}"
+
+
 def reproducing_command(entry):
     """The entry's command as a user types it (without the data folder), with `--set
     FIELD=VALUE` for each recipe field in which its run differs from the named config as that
@@ -94,13 +120,10 @@ def reproducing_command(entry):
         return command
     already = {words[index + 1].partition("=")[0] for index, word in enumerate(words[:-1]) if word == "--set"}
     ran = json.loads(json.dumps({**configs.field_defaults(), **entry["config"]}))
-    today = json.loads(json.dumps(dataclasses.asdict(named)))  # as a run's config.json holds it
     differing = [
         field
-        for field in sorted(today)
-        if field not in (*NOT_RECIPE, *already)
-        and ran.get(field) != today[field]
-        and not (field == "precision" and today[field] == "auto")
+        for field in recipe_differences(ran, dataclasses.asdict(named), apart_from=already)
+        if not (field == "precision" and named.precision == "auto")
     ]
     return shlex.join(
         [*words, *(part for field in differing for part in ("--set", f"{field}={setting_text(ran[field])}"))]
@@ -120,8 +143,6 @@ def markdown_table(registry=None):
         references = REFERENCES.get(depth_and_unit(name)[0], {})
         config = entry["config"]
         command = f"`{reproducing_command(entry)}`" if entry.get("command") else ""
-        flip = f"{100 * entry['flip_test_error']:.2f}" if entry.get("flip_test_error") is not None else ""
-        training_set = f"{100 * entry['train_error']:.2f}" if entry.get("train_error") is not None else ""
         alone = (
             f"{entry['hours_alone']:.2f} ({entry['images_per_second_alone']:g})"
             if entry.get("hours_alone") is not None
@@ -129,7 +150,8 @@ def markdown_table(registry=None):
         )
         lines.append(
             f"| {name} | {UNIT_NAMES[depth_and_unit(name)[1]]} | "
-            f"{entry['parameters'] / 1e6:.2f}M | **{100 * entry['test_error']:.2f}** | {flip} | {training_set} | "
+            f"{entry['parameters'] / 1e6:.2f}M | {test_error_cell(entry)} | {percent(entry, 'flip_test_error')} | "
+            f"{percent(entry, 'train_error')} | "
             f"{trained_on(entry)} | "
             f"{paper_error(name)} | "
             f"{references.get('akamaster') or ''} | {references.get('chenyaofo') or ''} | "
@@ -156,42 +178,17 @@ def curve_images(registry=None):
     return "\n".join(images)
 
 
-# Config fields that say how a run was logged, where its files were, or which kernels and
-# layout computed the same network (to float rounding, `keras_preact_training.train.configs.Config`), not what it trained.
-NOT_RECIPE = (
-    "model",
-    "unit",
-    "data_dir",
-    "checkpoint_every",
-    "evaluate_every",
-    "log_every",
-    "scan_units",
-    "rematerialize",
-    "fused_batch_norm",
-    "deterministic",
-)
-
-
-def same_recipe(first, second):
-    """Whether two registry entries' networks were trained by the same recipe on the same data
-    (every config field but the network and `NOT_RECIPE`'s, and the data they describe)."""
-
-    def recipe_of(entry):
-        return {field: value for field, value in entry["config"].items() if field not in NOT_RECIPE}, entry["data"]
-
-    return recipe_of(first) == recipe_of(second)
-
-
 def unit_comparison_table(registry=None):
     """Table 3 at the zoo's scale: each depth the zoo ships with both units trained by the same
     recipe, the original and the pre-activation network's final test errors (single crop and
-    with the flip) and the pre-activation unit's gain, beside the paper's (a row that says so
-    where there is no such depth)."""
+    with the flip; the mean and standard deviation where an entry holds several seeds), the
+    pre-activation unit's gain (of the means) and the seeds each holds, beside the paper's (a
+    row that says so where there is no such depth)."""
     entries = (registry or pretrained.registry()).get("cifar10", {})
     lines = [
         "| network | original % | pre-activation % | gain (points) | with flip: original / pre-activation % "
-        "| paper: original / pre-activation % | recipe |",
-        "|---|---|---|---|---|---|---|",
+        "| seeds: original / pre-activation | paper: original / pre-activation % | recipe |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     pairs = [
         (name, entries[name], entries[f"{name}_original"])
@@ -201,16 +198,20 @@ def unit_comparison_table(registry=None):
     for name, preactivation, original in sorted(pairs, key=lambda pair: pair[1]["parameters"]):
         config = preactivation["config"]
         flips = (
-            f"{100 * original['flip_test_error']:.2f} / {100 * preactivation['flip_test_error']:.2f}"
-            if original.get("flip_test_error") is not None and preactivation.get("flip_test_error") is not None
+            f"{percent(original, 'flip_test_error')} / {percent(preactivation, 'flip_test_error')}"
+            if percent(original, "flip_test_error") and percent(preactivation, "flip_test_error")
             else ""
         )
-        gain = 100 * (original["test_error"] - preactivation["test_error"])
+        gain = 100 * (
+            statistics.mean(seed_values(original, "test_error"))
+            - statistics.mean(seed_values(preactivation, "test_error"))
+        )
+        seeds = f"{len(seed_values(original, 'test_error'))} / {len(seed_values(preactivation, 'test_error'))}"
         lines.append(
-            f"| {name} | {100 * original['test_error']:.2f} | {100 * preactivation['test_error']:.2f} | {gain:+.2f} | "
-            f"{flips} | {paper_error(f'{name}_original', True)} / {paper_error(name, True)} | "
+            f"| {name} | {percent(original, 'test_error')} | {percent(preactivation, 'test_error')} | {gain:+.2f} | "
+            f"{flips} | {seeds} | {paper_error(f'{name}_original', True)} / {paper_error(name, True)} | "
             f"{config['duration']:g} {config['schedule_unit']}, {config.get('schedule', 'step')} |"
         )
     if not pairs:
-        lines.append("| none yet: no depth is shipped with both units trained by one recipe | | | | | | |")
+        lines.append("| none yet: no depth is shipped with both units trained by one recipe | | | | | | | |")
     return "\n".join(lines)

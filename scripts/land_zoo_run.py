@@ -9,7 +9,7 @@ registry entry with the hours alone at the rate measured alone), draws its curve
 log into `docs/zoo_<name>_curves.png` (titled with the data folder's name, whichever code
 version trained it), copies its config, log and summary to `docs/runs/zoo-<name>/`, and
 rewrites from the registry the zoo's tables in README.md and docs/zoo.md (`keras-preact
-zoo`, and `zoo --units` in the README) and docs/zoo.md's curves, one figure per network in
+zoo` and `zoo --units`) and docs/zoo.md's curves, one figure per network in
 the table's order. With `--another-seed`, the run is the shipped network's recipe trained
 again with another seed: its errors join the network's entry (`zoo.add_seed`; the shipped
 weights and curves stay the first seed's), its logs go to `docs/runs/zoo-<name>-seed<seed>/`,
@@ -93,7 +93,7 @@ def main():
         shutil.copy(os.path.join(arguments.run_dir, name), logs)
     tables = {
         "README.md": [zoo_tables.markdown_table(), zoo_tables.unit_comparison_table()],
-        "docs/zoo.md": [zoo_tables.markdown_table()],
+        "docs/zoo.md": [zoo_tables.markdown_table(), zoo_tables.unit_comparison_table()],
     }
     for document, replacements in tables.items():
         path = os.path.join(ROOT, document)

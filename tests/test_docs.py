@@ -111,16 +111,14 @@ def test_the_readme_is_the_short_front_door_with_a_map_of_every_page():
 
 def test_the_zoo_tables_are_the_registrys(tmp_path):
     """The README's and the zoo page's tables are what `keras-preact zoo` prints from the
-    registry, and the README's units table what `keras-preact zoo --units` prints: a
-    network's row lands with its entry."""
+    registry, and their units tables what `keras-preact zoo --units` prints: a network's
+    row lands with its entry."""
     from keras_preact_training.experiments import zoo_tables
 
-    table = zoo_tables.markdown_table()
+    tables = zoo_tables.markdown_table(), zoo_tables.unit_comparison_table()
     for path in (README, os.path.join(DOCS, "zoo.md")):
-        assert table in read(path), f"{os.path.relpath(path, ROOT)}'s zoo table is not `keras-preact zoo`'s"
-    assert zoo_tables.unit_comparison_table() in read(README), (
-        "the README's units table is not `keras-preact zoo --units`'s"
-    )
+        for table, command in zip(tables, ("zoo", "zoo --units")):
+            assert table in read(path), f"{os.path.relpath(path, ROOT)}'s table is not `keras-preact {command}`'s"
 
 
 def test_the_zoo_page_shows_every_shipped_networks_curves_in_the_tables_order():

@@ -111,8 +111,8 @@ def reproducing_command(entry):
     """The entry's command as a user types it (without the data folder), with `--set
     FIELD=VALUE` for each recipe field in which its run differs from the named config as that
     config is now: a run trained before the zoo's recipe changed is trained again by it. A
-    field the run's config predates had `Config`'s default; `precision=auto` (resolved per
-    processor) is not a difference."""
+    field the run's config predates had `Config`'s default, one `Config` no longer has is
+    left out; `precision=auto` (resolved per processor) is not a difference."""
     command = user_command(entry["command"], data_dir=False)
     words = shlex.split(command)
     named = named_configs.CONFIGS.get(words[words.index("--config") + 1]) if "--config" in words else None
@@ -120,10 +120,11 @@ def reproducing_command(entry):
         return command
     already = {words[index + 1].partition("=")[0] for index, word in enumerate(words[:-1]) if word == "--set"}
     ran = json.loads(json.dumps({**configs.field_defaults(), **entry["config"]}))
+    today = dataclasses.asdict(named)
     differing = [
         field
-        for field in recipe_differences(ran, dataclasses.asdict(named), apart_from=already)
-        if not (field == "precision" and named.precision == "auto")
+        for field in recipe_differences(ran, today, apart_from=already)
+        if field in today and not (field == "precision" and named.precision == "auto")
     ]
     return shlex.join(
         [*words, *(part for field in differing for part in ("--set", f"{field}={setting_text(ran[field])}"))]

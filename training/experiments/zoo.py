@@ -7,7 +7,9 @@ test error as `keras-preact evaluate` measures it on the shipped file (which mus
 agree with the run's own final evaluation), with the test-time flip and on the training
 images (inference mode: how well it fits what it learned from), the run's config,
 command as a user types it (`user_command`) and hours, the date and the library versions.
-Then `keras_preact.get_model(name, weights="cifar10")` loads it.
+Then `keras_preact.get_model(name, weights="cifar10")` loads it. A run of the same recipe
+with another seed joins the entry (`add_seed`, `keras-preact publish --another-seed`): its
+errors, not its weights.
 """
 
 import datetime

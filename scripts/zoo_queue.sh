@@ -25,8 +25,9 @@
 # Each finished zoo run lands at once (scripts/land_zoo_run.py, with its rate measured alone by
 # bench/training_throughput.py --config cifar10_zoo; a second seed with --another-seed, into its
 # network's entry) and leaves scripts/queue.txt in the same commit; the recipe search's runs
-# (recipe-*, confirm-*) are compared by `keras-preact compare`. A lent GPU trains the same queue (scripts/gpu_playbook.py), and its checkpoints land in the same run
-# folders, where this queue resumes them.
+# (recipe-*, confirm-*) are compared by `keras-preact compare`. A lent GPU trains the same queue
+# (scripts/gpu_playbook.py), and its checkpoints land in the same run folders, where this queue
+# resumes them.
 set -u
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-$HOME/.cache/keras-preact/runs}

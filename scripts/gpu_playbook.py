@@ -44,6 +44,7 @@ import importlib.metadata
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -536,22 +537,27 @@ def land(folder, runs=CPU_RUNS, data_dir=CPU_DATA, publish=True):
             summary = json.load(file)
         print(f"{name}: finished on the GPU, test error {100 * summary['test_error']:.2f} %")
         if publish and name.startswith("zoo-"):
-            subprocess.run(
-                [
-                    sys.executable,
-                    os.path.join(ROOT, "scripts", "land_zoo_run.py"),
-                    run_dir,
-                    "--name",
-                    config["model"],
-                    "--images-per-second",
-                    str(summary["training_images_per_second"]),
-                    "--data-dir",
-                    data_dir,
-                ],
-                check=True,
-            )
+            subprocess.run(landing_command(name, run_dir, config["model"], summary, data_dir), check=True)
     if restart:
         restart_cpu_queue()
+
+
+def landing_command(name, run_dir, model, summary, data_dir):
+    """The command that lands the finished zoo run `name` (scripts/land_zoo_run.py): a second
+    seed (queue.txt's `zoo-<model>-seed<k>`) into its network's entry, any other as the network."""
+    another_seed = ["--another-seed"] if re.fullmatch(r"zoo-.+-seed\d+", name) else []
+    return [
+        sys.executable,
+        os.path.join(ROOT, "scripts", "land_zoo_run.py"),
+        run_dir,
+        "--name",
+        model,
+        "--images-per-second",
+        str(summary["training_images_per_second"]),
+        "--data-dir",
+        data_dir,
+        *another_seed,
+    ]
 
 
 def stop_cpu_run(run_dir):

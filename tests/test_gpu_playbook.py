@@ -42,6 +42,37 @@ def test_the_queue_is_read_in_order():
     ]
 
 
+def test_a_finished_second_seed_lands_into_its_networks_entry():
+    """A run the queue names `zoo-<model>-seed<k>` lands with --another-seed (its errors join
+    the shipped network's entry); every other zoo run lands as the network, and every
+    `-seed` run of the queue is a zoo network's."""
+    summary = {"training_images_per_second": 1234.5}
+    command = playbook.landing_command("zoo-resnet20", "/runs/zoo-resnet20", "resnet20", summary, "/data")
+    assert command[1:] == [
+        os.path.join(ROOT, "scripts", "land_zoo_run.py"),
+        "/runs/zoo-resnet20",
+        "--name",
+        "resnet20",
+        "--images-per-second",
+        "1234.5",
+        "--data-dir",
+        "/data",
+    ]
+    seed = playbook.landing_command("zoo-resnet56_original-seed1", "/runs/s", "resnet56_original", summary, "/data")
+    assert seed[2:] == [
+        "/runs/s",
+        "--name",
+        "resnet56_original",
+        "--images-per-second",
+        "1234.5",
+        "--data-dir",
+        "/data",
+        "--another-seed",
+    ]
+    seeds = [(name, arguments) for name, arguments in playbook.queue("gpu") if "-seed" in name]
+    assert seeds and all(name.startswith("zoo-") and "seed=1" in arguments for name, arguments in seeds)
+
+
 def test_the_cpu_queue_runs_its_entries_in_order(tmp_path):
     """scripts/zoo_queue.sh with a Python that records its arguments and finishes each run:
     every "cpu" run of scripts/queue.txt once, in order, with the data and run folders."""

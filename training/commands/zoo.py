@@ -3,8 +3,9 @@
 HELP = "print the model zoo's table: the shipped networks, their test error beside the published"
 DESCRIPTION = (
     "Print, as Markdown, every network with shipped CIFAR-10 weights: unit, parameters, final "
-    "test error on the 10,000 test images beside the paper's and two reimplementations', training hours, "
-    "recipe, file size and SHA-256 (from keras_preact/weights/registry.json)."
+    "test error on the 10,000 test images beside the paper's and two reimplementations' (the mean and "
+    "standard deviation where the registry holds several seeds), training hours, recipe, file size and "
+    "SHA-256 (from keras_preact/weights/registry.json)."
 )
 TENSORFLOW = "always"
 BACKENDS = None

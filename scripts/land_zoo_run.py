@@ -105,10 +105,11 @@ def main():
             text = replace_curve_images(text, zoo_tables.curve_images())
         with open(path, "w") as file:
             file.write(text)
+    seeds = len(zoo_tables.seed_values(entry, "test_error"))
+    over_seeds = f" ({seeds} seeds: {zoo_tables.percent(entry, 'test_error')} %)" if seeds > 1 else ""
     print(
         f"{arguments.name}: test error {100 * landed['test_error']:.2f} %, with flip "
-        f"{100 * landed['flip_test_error']:.2f} %, {landed['hours_alone']:.2f} hours alone "
-        f"({len(zoo_tables.seed_values(entry, 'test_error'))} seeds: {zoo_tables.percent(entry, 'test_error')} %); "
+        f"{100 * landed['flip_test_error']:.2f} %, {landed['hours_alone']:.2f} hours alone{over_seeds}; "
         f"logs and tables written: commit them together."
     )
 

@@ -264,7 +264,7 @@ def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
         }
     }
     assert zoo_tables.unit_comparison_table(registry).splitlines()[2:] == [
-        "| resnet20 | 10.34 | 10.12 | +0.22 | 9.67 / 9.51 | 1 / 1 | 8.75 (He 2015) / none | 30 epochs, cosine |"
+        "| resnet20 | 10.34 | 10.12 | +0.22 | 9.67 / 9.51 | 1 / 1 | 8.75 (He 2015) / none | 30 epochs, cosine; original images |"
     ]
     # The same recipe on other data (the JPEG copy): not compared.
     jpeg = dict(registry["cifar10"], resnet20_original=entry(0.1034, 0.0967, "JPEGs", model="resnet20_original"))
@@ -279,7 +279,7 @@ def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
     # Table 3's own rows where the paper has both units; the original's where it has one.
     registry["cifar10"]["resnet110_original"] = entry(0.0712, 0.0655, model="resnet110_original")
     assert zoo_tables.unit_comparison_table(registry).splitlines()[3] == (
-        "| resnet110 | 7.12 | 7.00 | +0.12 | 6.55 / 6.00 | 1 / 1 | 6.61 (Table 3) / 6.37 (Table 3) | 30 epochs, cosine |"
+        "| resnet110 | 7.12 | 7.00 | +0.12 | 6.55 / 6.00 | 1 / 1 | 6.61 (Table 3) / 6.37 (Table 3) | 30 epochs, cosine; original images |"
     )
     # Over several seeds: the mean and sample standard deviation, the gain of the means.
     registry["cifar10"]["resnet110"]["other_seeds"] = [
@@ -288,10 +288,19 @@ def test_the_unit_comparison_pairs_each_depth_trained_by_one_recipe():
     ]
     assert zoo_tables.unit_comparison_table(registry).splitlines()[3] == (
         "| resnet110 | 7.12 | 7.00 ± 0.20 | +0.12 | 6.55 / 6.00 ± 0.10 | 1 / 3 | 6.61 (Table 3) / 6.37 (Table 3) "
-        "| 30 epochs, cosine |"
+        "| 30 epochs, cosine; original images |"
     )
     assert zoo_tables.test_error_cell(registry["cifar10"]["resnet110"]) == "**7.00 ± 0.20** (3 seeds; this file 7.00)"
     assert zoo_tables.test_error_cell(registry["cifar10"]["resnet110_original"]) == "**7.12**"
+    # A pair trained on the JPEG copy says so.
+    jpeg_pair = {
+        name: dict(registry["cifar10"][name], jpeg_test_error=0.11) for name in ("resnet20", "resnet20_original")
+    }
+    assert (
+        zoo_tables.unit_comparison_table({"cifar10": jpeg_pair})
+        .splitlines()[2]
+        .endswith("| 30 epochs, cosine; JPEG copy |")
+    )
     # A seed without the training-set error (an entry that predates it): no figure rather than a wrong one.
     assert zoo_tables.percent(registry["cifar10"]["resnet110"], "train_error") == ""
     assert [

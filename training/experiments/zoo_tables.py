@@ -188,7 +188,7 @@ def unit_comparison_table(registry=None):
     entries = (registry or pretrained.registry()).get("cifar10", {})
     lines = [
         "| network | original % | pre-activation % | gain (points) | with flip: original / pre-activation % "
-        "| seeds: original / pre-activation | paper: original / pre-activation % | recipe |",
+        "| seeds: original / pre-activation | paper: original / pre-activation % | recipe; trained on |",
         "|---|---|---|---|---|---|---|---|",
     ]
     pairs = [
@@ -211,7 +211,8 @@ def unit_comparison_table(registry=None):
         lines.append(
             f"| {name} | {percent(original, 'test_error')} | {percent(preactivation, 'test_error')} | {gain:+.2f} | "
             f"{flips} | {seeds} | {paper_error(f'{name}_original', True)} / {paper_error(name, True)} | "
-            f"{config['duration']:g} {config['schedule_unit']}, {config.get('schedule', 'step')} |"
+            f"{config['duration']:g} {config['schedule_unit']}, {config.get('schedule', 'step')}; "
+            f"{'original images' if preactivation.get('jpeg_test_error') is None else 'JPEG copy'} |"
         )
     if not pairs:
         lines.append("| none yet: no depth is shipped with both units trained by one recipe | | | | | | | |")

@@ -13,7 +13,10 @@
 #
 # Runs go to ~/.cache/keras-preact/runs/<name> (its output.txt, log.csv, checkpoints; the
 # queue's own log in runs/queue.log), at nice 10 so that tests come first; `kill -STOP` /
-# `kill -CONT` the python process to pause one for a benchmark. A run is checkpointed every
+# `kill -CONT` the python process to pause one for a benchmark, and for the whole test suite:
+# beside a training run the suite took 46.7 minutes against 37.4 with the run paused
+# (docs/benchmarks.md), while the run got about a quarter of its speed, so pausing costs the
+# queue no more than it gives back and ends the check sooner. A run is checkpointed every
 # fifth of an epoch (queue.txt's checkpoint_every=78), so stopping it loses at most that.
 #
 # The data is CIFAR-10 with its original pixels, as PNG folders in

@@ -65,10 +65,14 @@ def trained_on(entry):
     """What a registry entry's network trained on, as the zoo's table says it: the original
     images, or the JPEG copy with its errors on that copy's test images (single crop / with flip)."""
     if entry.get("jpeg_test_error") is None:
-        return "original images"
-    return (
-        f"JPEG copy (its test JPEGs: {100 * entry['jpeg_test_error']:.2f} / {100 * entry['jpeg_flip_test_error']:.2f})"
-    )
+        return data_name(entry)
+    jpeg_errors = f"{100 * entry['jpeg_test_error']:.2f} / {100 * entry['jpeg_flip_test_error']:.2f}"
+    return f"{data_name(entry)} (its test JPEGs: {jpeg_errors})"
+
+
+def data_name(entry):
+    """What a registry entry's network trained on, in two words: "original images" or "JPEG copy"."""
+    return "original images" if entry.get("jpeg_test_error") is None else "JPEG copy"
 
 
 def setting_text(value):
@@ -212,7 +216,7 @@ def unit_comparison_table(registry=None):
             f"| {name} | {percent(original, 'test_error')} | {percent(preactivation, 'test_error')} | {gain:+.2f} | "
             f"{flips} | {seeds} | {paper_error(f'{name}_original', True)} / {paper_error(name, True)} | "
             f"{config['duration']:g} {config['schedule_unit']}, {config.get('schedule', 'step')}; "
-            f"{'original images' if preactivation.get('jpeg_test_error') is None else 'JPEG copy'} |"
+            f"{data_name(preactivation)} |"
         )
     if not pairs:
         lines.append("| none yet: no depth is shipped with both units trained by one recipe | | | | | | | |")

@@ -195,9 +195,16 @@ def subset(split, examples, seed, shuffled=False):
         return split
     if split.items is None:
         return dataclasses.replace(split, stream=split.stream.take(examples), size=min(examples, split.size))
-    keep = np.random.default_rng(seed).permutation(split.size)[:examples]
-    keep = keep if shuffled else np.sort(keep)
+    keep = subset_positions(split.size, examples, seed, shuffled)
     return dataclasses.replace(split, items=split.items[keep], labels=split.labels[keep], size=len(keep))
+
+
+def subset_positions(size, examples, seed, shuffled=False):
+    """The positions in a split of `size` indexed examples that `subset` keeps (all for `None`)."""
+    if examples is None or (examples >= size and not shuffled):
+        return np.arange(size)
+    keep = np.random.default_rng(seed).permutation(size)[:examples]
+    return keep if shuffled else np.sort(keep)
 
 
 def digits(config):

@@ -177,7 +177,8 @@ def add_seed(run_dir, name, data_dir=None, registry_file=None, images_per_second
     with tempfile.TemporaryDirectory() as directory:
         path, _ = save_network(run_dir, name, directory)
         errors = measure(name, path, summary, data_dir)
-    errors.pop("per_class_accuracy")
+    for shipped_file_only in ("per_class_accuracy", "test_predictions"):
+        errors.pop(shipped_file_only)
     entry.setdefault("other_seeds", []).append(
         dict(
             seed=seed_of(config),
@@ -244,7 +245,9 @@ def check_images_per_second(images_per_second):
 def measure(name, path, summary, data_dir=None):
     """The errors of `name`'s weights file `path` (saved from the run of `summary`) on the run's
     data (or `data_dir`): on the test images in float32, single crop and with the flip, its
-    per-class accuracy, and on the training images in inference mode.
+    per-class accuracy and the class it gives each test image (`test_predictions`, a digit an
+    image in the test split's order: what a check on a few of the images compares with), and
+    on the training images in inference mode.
 
     Raises:
         ValueError: where the file's test error in the run's precision disagrees with the
@@ -273,6 +276,7 @@ def measure(name, path, summary, data_dir=None):
         flip_test_error=round(result["flip_error"], 6),
         train_error=round(training_set["error"], 6),
         per_class_accuracy={label: round(value, 4) for label, value in result["per_class_accuracy"].items()},
+        test_predictions="".join(str(label) for label in result["predictions"]),
     )
 
 

@@ -32,6 +32,7 @@ def evaluate(
     flip=False,
     split="test",
     precision="float32",
+    examples=None,
 ):
     """Evaluates `model_name` with `weights` on a split of a CIFAR-10-like data set.
 
@@ -50,9 +51,14 @@ def evaluate(
             default, as `weights=` loads a network), or the precision a run trained and
             evaluated itself in, such as "mixed_bfloat16" (whose rounding moves a few
             predictions of 10,000).
+        examples: the number of the split's images measured: all (`None`, the default), or
+            a fixed random subset in the split's order (the positions
+            `keras_preact_training.data.datasets.subset_positions` gives for seed 0), for a
+            quick check.
 
     Returns:
-        dict(split, error, per_class_accuracy={class name: accuracy}, images, seconds and
+        dict(split, error, per_class_accuracy={class name: accuracy}, images, predictions (the
+        class index given to each image, single crop, in the order measured), seconds and
         images_per_second (of the inference), loading_seconds (reading the data and building
         the network)), and flip_error with `flip`.
 
@@ -69,6 +75,8 @@ def evaluate(
         raise ValueError(f"split must be one of {list(EVALUATION_SPLITS)}. Received: split={split!r}")
     if precision not in configs.PRECISIONS:
         raise ValueError(f"precision must be one of {list(configs.PRECISIONS)}. Received: precision={precision!r}")
+    if examples is not None and (not isinstance(examples, int) or isinstance(examples, bool) or examples < 1):
+        raise ValueError(f"examples must be a positive integer or None (all). Received: examples={examples!r}")
     # The weights are checked before the data is read: reading it takes minutes.
     shipped = keras_preact.pretrained.DATASETS.get(weights)
     if shipped is not None:
@@ -83,6 +91,8 @@ def evaluate(
     config = named_configs.get_config("cifar10_cpu", [f"dataset={dataset}"])
     if data_dir is not None:
         config = config.override(f"data_dir={data_dir}")
+    if examples is not None:
+        config = config.override(f"{split}_examples={examples}")
     loading_started = time.perf_counter()
     data_set = datasets.load(config, splits=(split,))
     names = list(data_set.class_names)
@@ -120,13 +130,16 @@ def network(model_name, weights, classes, input_shape, precision):
 
 
 def counted(model, batches, names, flip):
-    """The error, per-class accuracy and image count of `model` on `batches` (images, labels as
-    NumPy, which every Keras backend takes), and with `flip` the flip's error."""
+    """The error, per-class accuracy, image count and each image's predicted class of `model` on
+    `batches` (images, labels as NumPy, which every Keras backend takes), and with `flip` the
+    flip's error."""
     correct, counts = np.zeros(len(names), "int64"), np.zeros(len(names), "int64")
     flip_correct = 0
+    predictions = []
     for images, labels in batches:
         logits = np.asarray(model.predict_on_batch(images), "float32")
         predicted = np.argmax(logits, axis=-1)
+        predictions.append(predicted)
         np.add.at(counts, labels, 1)
         np.add.at(correct, labels, predicted == labels)
         if flip:
@@ -136,6 +149,7 @@ def counted(model, batches, names, flip):
         error=1.0 - correct.sum() / counts.sum(),
         per_class_accuracy={name: float(hit / count) for name, hit, count in zip(names, correct, counts)},
         images=int(counts.sum()),
+        predictions=np.concatenate(predictions) if predictions else np.zeros(0, "int64"),
     )
     if flip:
         result["flip_error"] = 1.0 - flip_correct / counts.sum()

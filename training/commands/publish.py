@@ -38,7 +38,7 @@ def run(arguments):
         seed = entry["other_seeds"][-1]
         print(
             f"Added seed {seed['seed']} to {arguments.name}: test error {100 * seed['test_error']:.2f} %; "
-            f"{1 + len(entry['other_seeds'])} seeds: {zoo_tables.percent(entry, 'test_error')} %."
+            f"{len(zoo_tables.seed_values(entry, 'test_error'))} seeds: {zoo_tables.percent(entry, 'test_error')} %."
         )
         return 0
     entry = zoo.publish(

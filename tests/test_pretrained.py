@@ -718,8 +718,8 @@ NOTHING_SHIPPED = pytest.param(
 # deeper CIFAR network of the zoo but the bottleneck ResNet-164s) on TensorFlow, the backend
 # publish measures with. Every shipped network then answers as the registry's predictions on
 # CHECKED_IMAGES of them: an image at a time, a stricter check than an error over all 10,000
-# and a tenth of its time (the deeper networks' full measurements took 5 of the suite's 28
-# minutes, docs/benchmarks.md, "The test suite's time"); the deeper ones on TensorFlow (marked
+# and a tenth of its time (the full measurements with the flip took 365 s of the TensorFlow
+# suite's tests, docs/benchmarks.md, "The test suite's time"); the deeper ones on TensorFlow (marked
 # large, as test_models.py's largest networks are), the ResNet-20s on every backend.
 DEEPEST_ON_EVERY_BACKEND = 20
 CHECKED_IMAGES = 1_000

@@ -12,7 +12,8 @@ decoding, shuffling, batching, as training reads it) and (b) training each model
 run for a few steps) at batch 128 (`keras-preact`'s loop, on Keras' backend:
 `KERAS_BACKEND=jax` times the JAX loop; the median over windows of `--window` steps
 after the first, which includes tracing), with the share of the matmul peak in the
-precision it computes in (bfloat16's under mixed_bfloat16) that the rate reaches.
+precision it computes in (bfloat16's under mixed_bfloat16) that the rate reaches, on
+TensorFlow (`KERAS_BACKEND=jax` and `torch` print the rate alone).
 """
 
 import argparse
@@ -92,17 +93,21 @@ def main():
     print(f"recipe: {arguments.config} ({config.precision}, nesterov={config.nesterov})")
     print(f"input pipeline, batch {arguments.batch_size}: {pipeline_images_per_second(config, 40):.0f} images/s")
     compute_dtype = keras.DTypePolicy(config.precision).compute_dtype
-    peak = matmul_flops_per_second(dtype=compute_dtype)
-    print(f"{compute_dtype} matmul: {peak / 1e9:.0f} GFLOP/s")
+    # The share of the peak needs TensorFlow's matmul rate and its graph's FLOP count, which
+    # time and trace TensorFlow's own kernels: measured on that backend only.
+    peak = None
+    if keras.backend.backend() == "tensorflow":
+        peak = matmul_flops_per_second(dtype=compute_dtype)
+        print(f"{compute_dtype} matmul: {peak / 1e9:.0f} GFLOP/s")
     for model in arguments.models:
         with tempfile.TemporaryDirectory() as run_dir:
             summary = loop.train(config.override(f"model={model}"), run_dir, verbose=False)
         rate = summary["training_images_per_second"]
-        flops = forward_flops(keras_preact.get_model(model, input_shape=(32, 32, 3), classes=10))
-        share = rate * TRAINING_FLOPS_PER_FORWARD * flops / peak
-        print(
-            f"training {model}, batch {arguments.batch_size}: {rate:.1f} images/s, {share:.0%} of the {compute_dtype} peak"
-        )
+        line = f"training {model}, batch {arguments.batch_size}: {rate:.1f} images/s"
+        if peak is not None:
+            flops = forward_flops(keras_preact.get_model(model, input_shape=(32, 32, 3), classes=10))
+            line += f", {rate * TRAINING_FLOPS_PER_FORWARD * flops / peak:.0%} of the {compute_dtype} peak"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@
 # The data is CIFAR-10 with its original pixels, as PNG folders in
 # ~/.cache/keras-preact/cifar10-png, made once by
 # `.venv/bin/keras-preact data ../shared/data/cifar10-png.tar.xz` (as the tests make it; its
-# cifar10-png.done mark tells them it is there). A machine may come back without ~/.cache: the
-# runs then start again from their first step.
+# cifar10-png.done mark tells them it is there). A machine may come back without ~/.cache and
+# without the work tree's ignored files: then `make .venv/installed` (the environment $PYTHON
+# names), the data command above and the runner's clone again, and the runs start again from
+# their first step (scripts/queue.txt holds only the runs still to do, so none finished is redone).
 #
 # Each finished zoo run lands at once (scripts/land_zoo_run.py, with its rate measured alone by
 # bench/training_throughput.py --config cifar10_zoo; a second seed with --another-seed, into its

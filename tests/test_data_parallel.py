@@ -160,9 +160,11 @@ def test_two_devices_train_the_weights_of_one_and_resume_from_each_other(tmp_pat
 
 def test_the_command_trains_a_cifar10_subset_on_two_devices(cifar_folder, tmp_path):
     """`keras-preact train --strategy data_parallel` on 640 CIFAR-10 images, 4 steps at the
-    full rate: the run's files as one device's, its first steps' losses one device's to
-    float32 rounding (the steps after drift apart as training amplifies rounding:
-    `test_a_step_on_two_devices_is_the_step_on_one` compares them step by step)."""
+    full rate: the run's files as one device's, its first step's loss one device's to float32
+    rounding and its second's to one step's rounding apart (STEP_TOLERANCE: 1e-5 of the loss
+    on an AVX2-only processor, where AVX-512's kernels rounded closer; the steps after drift
+    apart as training amplifies rounding: `test_a_step_on_two_devices_is_the_step_on_one`
+    compares them step by step)."""
     subset = [
         "--config",
         "cifar10_zoo",
@@ -191,7 +193,8 @@ def test_the_command_trains_a_cifar10_subset_on_two_devices(cifar_folder, tmp_pa
         assert (tmp_path / "two" / name).exists(), name
     losses = [np.genfromtxt(tmp_path / name / "log.csv", delimiter=",", names=True)["loss"] for name in ("one", "two")]
     assert len(losses[1]) == 4
-    np.testing.assert_allclose(losses[1][:2], losses[0][:2], rtol=1e-6)
+    np.testing.assert_allclose(losses[1][0], losses[0][0], rtol=1e-6)
+    np.testing.assert_allclose(losses[1][1], losses[0][1], rtol=STEP_TOLERANCE)
 
 
 def free_port():

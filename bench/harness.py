@@ -33,6 +33,9 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# TensorFlow's oneDNN kernels on every processor, as keras-preact's commands train
+# (keras_preact_training.cli.use_onednn), for every benchmark that imports this one first.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 # Keras Applications' pre-activation ResNets, against ours of the same depth.
 PEERS = {"ResNet50V2": "resnet50", "ResNet101V2": "resnet101", "ResNet152V2": "resnet152"}

@@ -5,6 +5,10 @@ import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# TensorFlow's oneDNN kernels on every processor, as keras-preact's commands have them
+# (keras_preact_training.cli.use_onednn), so that the tests compute alike where TensorFlow's
+# own default would leave them off (a processor with AVX2 alone).
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 # PyTorch's CPU threads (OpenMP) wait for work spinning: two xdist workers' pools of a thread a
 # core each, on the same cores, spend most of their time waiting for one another. So each

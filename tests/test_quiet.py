@@ -89,3 +89,20 @@ def test_a_failed_tensorflow_load_shows_what_it_printed(tmp_path):
     result = run_quietly(code, "jax")
     assert result.stdout == "broken TensorFlow\n"
     assert result.stderr == "a line of the failed load\n"
+
+
+@pytest.mark.parametrize("setting, kernels_on", [(None, True), ("0", False)])
+def test_commands_load_tensorflow_with_its_onednn_kernels_unless_told_not_to(setting, kernels_on):
+    """TensorFlow says as it loads (its informational lines, shown with `--verbose`) whether its
+    oneDNN kernels are on: a command turns them on, also where TensorFlow's own default leaves
+    them off (a processor with AVX2 alone), and `TF_ENABLE_ONEDNN_OPTS=0` keeps them off."""
+    environment = {name: value for name, value in os.environ.items() if name != "TF_ENABLE_ONEDNN_OPTS"}
+    environment.update(TF_CPP_MIN_LOG_LEVEL="0", KERAS_BACKEND="tensorflow")
+    if setting is not None:
+        environment["TF_ENABLE_ONEDNN_OPTS"] = setting
+    code = "from keras_preact_training import cli\ncli.import_tensorflow(verbose=True)\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr
+    assert ("oneDNN custom operations are on" in result.stderr) == kernels_on

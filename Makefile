@@ -45,9 +45,15 @@ lint: $(VENV)/installed
 
 # Lint and format first, then every test on TensorFlow (the documentation site's strict build included), then the
 # library's tests again on JAX and on PyTorch (the largest networks, TensorFlow-only tests and
-# tests of commands, which name their own backend, left out there). pytest's exit code 5, no test collected, fails the target like
-# any other error.
-test: lint test-tensorflow test-jax test-torch
+# tests of commands, which name their own backend, left out there). Each backend's suite runs
+# whatever the one before gave, and the target fails, naming them, if any failed; pytest's exit
+# code 5, no test collected, fails like any other error.
+test: lint
+	@failed=""; \
+	for suite in test-tensorflow test-jax test-torch; do \
+		$(MAKE) --no-print-directory $$suite || failed="$$failed $$suite"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make test: failed:$$failed" >&2; exit 1; fi
 
 test-tensorflow: $(VENV)/installed
 	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest

@@ -71,15 +71,18 @@ class Client:
 
 
 def start_server(directory, *options):
-    """`keras-preact serve directory` on a free port; (process, port) once it serves."""
+    """`keras-preact serve directory` on a free port; (process, port) once it serves, in the
+    environment a user starts it in: without the tests' `TF_ENABLE_ONEDNN_OPTS=1`, so that
+    `serve` chooses TensorFlow's kernels itself."""
     port = free_port()
+    environment = {name: value for name, value in os.environ.items() if name != "TF_ENABLE_ONEDNN_OPTS"}
     server = subprocess.Popen(
         [KERAS_PREACT, "serve", str(directory), "--port", str(port), *options],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow"),
+        env=dict(environment, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow"),
     )
     line = server.stdout.readline()
     assert line.startswith(f"Serving {directory.name} version 1 ("), server.stderr.read()[-3000:]

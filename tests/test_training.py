@@ -823,10 +823,12 @@ def test_commands_print_no_tensorflow_log_lines(tmp_path):
 
 
 DEMO_RUN = os.path.join(ROOT, "docs", "runs", "digits-demo")
-# The demo's final error moves by a digit or two of its 360 test digits with the processor's
-# floating-point rounding: the tests hold it to the documented run (docs/runs/digits-demo)
-# within two digits.
-DEMO_DIGITS_ALLOWED = 2
+# The demo's final error moves by a few of its 360 test digits with the processor's
+# floating-point rounding: 7 wrong in the documented run (docs/runs/digits-demo, a Zen 4 with
+# AVX-512), within two of it on an AVX2-only processor with TensorFlow's own kernels, 10 there
+# with oneDNN's, which the commands turn on. The tests hold it to the documented run within
+# three digits.
+DEMO_DIGITS_ALLOWED = 3
 
 
 def test_the_demo_ends_where_its_documented_curves_do(tmp_path):

@@ -83,14 +83,16 @@ def check_backend(command, backends):
     )
 
 
-def import_tensorflow(verbose, optional=False):
+def import_tensorflow(verbose, optional=False, onednn=True):
     """Imports TensorFlow, quietly unless `verbose`: its C++ log lines below FATAL are off
     (`TF_CPP_MIN_LOG_LEVEL=3`, unless set), and the lines its libraries write while they load
     and find their devices (CUDA probing, oneDNN notices, which no log level silences) are held
     and shown only if the import fails (keras_preact.quiet_tensorflow). `optional`: where
     TensorFlow is not installed, nothing happens (the command runs without it or says why it
-    cannot)."""
-    use_onednn()
+    cannot). `onednn`: with oneDNN's kernels on every processor (`use_onednn`); False leaves
+    them to TensorFlow's default."""
+    if onednn:
+        use_onednn()
     if optional:
         from .data import datasets
 

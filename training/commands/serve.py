@@ -77,7 +77,10 @@ def run(arguments):
     from ..serving import server
 
     if not server.serves_onnx(arguments.model_dir, arguments.runtime, arguments.precision):
-        import_tensorflow(arguments.verbose)
+        # TensorFlow's own choice of kernels: on a processor with AVX2 alone, oneDNN's, which it
+        # leaves off there, give a convolution's fused ReLU 0 for NaN, and an input that
+        # overflows the network an answer where onnxruntime's outputs are not finite.
+        import_tensorflow(arguments.verbose, onednn=False)
     server.serve(
         arguments.model_dir,
         arguments.host,

@@ -112,6 +112,6 @@ def use_onednn():
     them on by itself only on processors with instructions for neural networks (AVX-512 VNNI,
     bfloat16, AMX; TensorFlow 2.9's release notes); on an AMD EPYC with AVX2 alone they train
     ResNet-110 in float32 2.1 times as fast (73.9 images/s against 34.8; docs/benchmarks.md,
-    "Which processor"). Takes effect only before TensorFlow loads; `TF_ENABLE_ONEDNN_OPTS=0`
-    keeps TensorFlow's own kernels."""
+    "A processor with AVX2 alone"). Takes effect only before TensorFlow loads;
+    `TF_ENABLE_ONEDNN_OPTS=0` keeps TensorFlow's own kernels."""
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")

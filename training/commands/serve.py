@@ -78,8 +78,8 @@ def run(arguments):
 
     if not server.serves_onnx(arguments.model_dir, arguments.runtime, arguments.precision):
         # TensorFlow's own choice of kernels: on a processor with AVX2 alone, oneDNN's, which it
-        # leaves off there, give a convolution's fused ReLU 0 for NaN, and an input that
-        # overflows the network an answer where onnxruntime's outputs are not finite.
+        # leaves off there, gave an input that overflows the network (normalized values of 3e38)
+        # finite outputs, where TensorFlow's own kernels and onnxruntime give NaN (a 400).
         import_tensorflow(arguments.verbose, onednn=False)
     server.serve(
         arguments.model_dir,

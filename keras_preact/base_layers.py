@@ -128,10 +128,13 @@ class BatchNorm(keras.layers.BatchNormalization):
         if mask is not None or self.renorm:
             return super().call(inputs, training=training, mask=mask)
         fused = self.runs_fused_kernel(inputs)
-        # Statistics and parameters in float32 (float64 under float64); the fused kernel reads
-        # and writes bfloat16 activations as they are, other inputs are normalized as float32.
-        dtype = keras.backend.result_type(inputs.dtype, "float32")
-        if not (fused and keras.backend.standardize_dtype(inputs.dtype) == "bfloat16"):
+        # Statistics and parameters in float32, in float64 for float64 inputs (on every backend:
+        # `keras.backend.result_type` would give float32 for them outside TensorFlow); the fused
+        # kernel reads and writes bfloat16 activations as they are, other inputs are normalized
+        # as float32.
+        input_dtype = keras.backend.standardize_dtype(inputs.dtype)
+        dtype = "float64" if input_dtype == "float64" else "float32"
+        if not (fused and input_dtype == "bfloat16"):
             inputs = ops.cast(inputs, dtype)
         gamma = ops.cast(self.gamma, dtype) if self.scale else ops.ones(inputs.shape[-1:], dtype)
         beta = ops.cast(self.beta, dtype) if self.center else ops.zeros(inputs.shape[-1:], dtype)

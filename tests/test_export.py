@@ -208,7 +208,7 @@ def test_resnet1001_in_loops_exports_exactly(tmp_path):
 
 
 def test_encoded_images_are_preprocessed_as_in_training(resnet20_export, cifar_folder):
-    """serving_default on CIFAR-10 JPEG files equals the network on the training pipeline's images."""
+    """serving_default on CIFAR-10's PNG files equals the network on the training pipeline's images."""
     network, path, _ = resnet20_export
     config = named_configs.CONFIGS["cifar10_paper"].override(
         "dataset=folder", f"data_dir={cifar_folder}", "test_examples=12"

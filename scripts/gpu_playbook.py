@@ -439,7 +439,7 @@ def collect(minutes, out, device_root=DEVICE_ROOT, entries=None):
         time.sleep(min(REPORT_SECONDS, max(deadline - time.time(), 0)))
         fill(device_root, entries)
         report(device_root, entries)
-    return bundle(out, device_root, entries)
+    return bundle(out, os.path.join(device_root, "runs"), entries)
 
 
 def report(device_root, entries):
@@ -463,14 +463,14 @@ def report(device_root, entries):
         )
 
 
-def bundle(out, device_root=DEVICE_ROOT, entries=None):
-    """A tar of each run into `out`: its finished network, summary and curves, or its newest
-    checkpoint; each with its config, log and output. Returns their paths."""
-    entries = queue("gpu") if entries is None else entries
+def bundle(out, runs, entries):
+    """A tar of each run of `entries` in the folder `runs` into `out`: its finished network,
+    summary and curves, or its newest checkpoint; each with its config, log and output's tail.
+    Returns their paths."""
     os.makedirs(out, exist_ok=True)
     written = []
     for name, _ in entries[:RETURN_FILES]:
-        run_dir = os.path.join(device_root, "runs", name)
+        run_dir = os.path.join(runs, name)
         if not os.path.isdir(run_dir):
             continue
         finished = os.path.exists(os.path.join(run_dir, "summary.json"))
@@ -531,7 +531,7 @@ def land(folder, runs=CPU_RUNS, data_dir=CPU_DATA, publish=True):
         with open(os.path.join(run_dir, "config.json"), "w") as file:
             json.dump(config, file, indent=2)
         if not finished:
-            print(f"{name}: the GPU's checkpoint at step {max(arrived)} in {run_dir}; the CPU queue resumes it")
+            print(f"{name}: the checkpoint of step {max(arrived)} from {path} in {run_dir}; the CPU queue resumes it")
             continue
         with open(os.path.join(run_dir, "summary.json")) as file:
             summary = json.load(file)

@@ -13,11 +13,13 @@ zoo` and `zoo --units`) and docs/zoo.md's curves, one figure per network in
 the table's order. With `--another-seed`, the run is the shipped network's recipe trained
 again with another seed: its errors join the network's entry (`zoo.add_seed`; the shipped
 weights and curves stay the first seed's), its logs go to `docs/runs/zoo-<name>-seed<seed>/`,
-and the tables give the mean and standard deviation over the seeds. Then commit the lot in one
-commit.
+and the tables give the mean and standard deviation over the seeds. The run's checkpoint carried
+between machines (scripts/carried/<run>.tar, scripts/carry_runs.py) is deleted. Then commit the
+lot in one commit, with the run's line of scripts/queue.txt removed.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -28,6 +30,9 @@ from keras_preact_training.data import datasets
 from keras_preact_training.experiments import zoo, zoo_tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPECIFICATION = importlib.util.spec_from_file_location("carry_runs", os.path.join(ROOT, "scripts", "carry_runs.py"))
+carry_runs = importlib.util.module_from_spec(SPECIFICATION)
+SPECIFICATION.loader.exec_module(carry_runs)
 
 
 def replace_block(text, block, start, what):
@@ -91,6 +96,7 @@ def main():
     os.makedirs(logs, exist_ok=True)
     for name in ("config.json", "log.csv", "summary.json"):
         shutil.copy(os.path.join(arguments.run_dir, name), logs)
+    carry_runs.forget(arguments.run_dir)
     tables = {
         "README.md": [zoo_tables.markdown_table(), zoo_tables.unit_comparison_table()],
         "docs/zoo.md": [zoo_tables.markdown_table(), zoo_tables.unit_comparison_table()],

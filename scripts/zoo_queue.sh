@@ -24,8 +24,11 @@
 # `.venv/bin/keras-preact data ../shared/data/cifar10-png.tar.xz` (as the tests make it; its
 # cifar10-png.done mark tells them it is there). A machine may come back without ~/.cache and
 # without the work tree's ignored files: then `make .venv/installed` (the environment $PYTHON
-# names), the data command above and the runner's clone again, and the runs start again from
-# their first step (scripts/queue.txt holds only the runs still to do, so none finished is redone).
+# names), the data command above and the runner's clone again (scripts/queue.txt holds only the
+# runs still to do, so none finished is redone). So that a run longer than a session goes on from
+# where the last session stopped it, that session stops the queue after a checkpoint and commits
+# the runs it has begun (`.venv/bin/python scripts/carry_runs.py save`, into scripts/carried/),
+# and this script, starting, restores them into their run folders.
 #
 # Each finished zoo run lands at once (scripts/land_zoo_run.py, with its rate measured alone by
 # bench/training_throughput.py --config cifar10_zoo; a second seed with --another-seed, into its
@@ -38,6 +41,7 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-$HOME/.cache/keras-preact/runs}
 DATA=${DATA:-$HOME/.cache/keras-preact/cifar10-png}
 PYTHON=${PYTHON:-.venv/bin/python}
+CARRIED=${CARRIED:-scripts/carried}
 
 # The runner's own packages under their installed names (training/ is keras_preact_training), ahead
 # of the editable install of the work tree that $PYTHON's environment holds.
@@ -56,6 +60,12 @@ next_run() {
 }
 
 mkdir -p "$RUNS"
+# Runs begun on another machine and carried in the repository (scripts/carry_runs.py), each
+# into its run folder where it is further on than the folder's own.
+if compgen -G "$CARRIED/*.tar" > /dev/null; then
+  "$PYTHON" scripts/carry_runs.py restore --carried "$CARRIED" --runs "$RUNS" --data-dir "$DATA" >> "$RUNS/queue.log" 2>&1 ||
+    exit
+fi
 while entry=$(next_run) && [ -n "$entry" ]; do
   name=${entry%%|*}
   arguments=${entry#*|}

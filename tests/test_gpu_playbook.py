@@ -79,7 +79,9 @@ def test_the_cpu_queue_runs_its_entries_in_order(tmp_path):
     recorder = tmp_path / "python"
     recorder.write_text('#!/bin/sh\necho "$@" >> "$RUNS/calls"\nfor last; do :; done\necho {} > "$last/summary.json"\n')
     recorder.chmod(0o755)
-    environment = dict(os.environ, RUNS=str(tmp_path / "runs"), DATA="/data", PYTHON=str(recorder))
+    environment = dict(
+        os.environ, RUNS=str(tmp_path / "runs"), DATA="/data", PYTHON=str(recorder), CARRIED=str(tmp_path / "carried")
+    )
     first = tmp_path / "runs" / playbook.queue("cpu")[0][0]
     first.mkdir(parents=True)
     (first / "summary.json").write_text("{}")  # finished: skipped
@@ -244,7 +246,7 @@ def test_a_run_started_stopped_landed_and_resumed_on_the_cpu(tmp_path):
     while playbook.running(str(device)):
         time.sleep(0.1)
     assert not (device / "runs" / name / "summary.json").exists(), "the run finished before it was stopped"
-    bundles = playbook.bundle(str(tmp_path / "out"), str(device), entries)
+    bundles = playbook.bundle(str(tmp_path / "out"), str(device / "runs"), entries)
     with tarfile.open(bundles[0]) as archive:
         members = sorted(archive.getnames())
     step = int(next(member for member in members if "ckpt-" in member).split("ckpt-")[1].split(".")[0])

@@ -14,6 +14,13 @@ brings runs back from a device (about 14 MB for a ResNet-110 or a ResNet-164). T
 session's scripts/zoo_queue.sh restores each into its run folder where it is further on than
 the folder's own (`restore`), and the run resumes from the carried step. A tar leaves the
 repository in the commit that lands its run (scripts/land_zoo_run.py deletes it).
+
+A carried run keeps the precision it began in (`precision=auto` resolves once, when a run
+begins: training/train/precision.py): one begun in mixed_bfloat16 and carried to a processor
+without bfloat16 arithmetic resumes emulating it there, about six times slower than float32
+(docs/benchmarks.md, "Which processor"). Such a machine trains it on faster in float32 with
+`--set precision=float32 --allow-config-changes` added to its line of scripts/queue.txt (the
+run's config then records float32; say where it lands which steps trained in which).
 """
 
 import argparse

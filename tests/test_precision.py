@@ -83,5 +83,14 @@ def test_a_run_records_the_precision_it_chose_and_keeps_it_when_resumed(tmp_path
         keras.backend.clear_session()
         fresh = loop.train(config.override("duration=1"), str(tmp_path / "fresh"), verbose=False)
         assert fresh["config"]["precision"] == "mixed_bfloat16"
+        # Carried to a processor that would emulate bfloat16, it trains on in float32 where asked:
+        # its checkpoint's variables are float32 under either policy.
+        keras.backend.clear_session()
+        switched = loop.train(
+            config.override("precision=float32"), str(tmp_path / "fresh"), verbose=True, allow_config_changes=True
+        )
+        assert "with changed settings (--allow-config-changes): duration, precision." in capsys.readouterr().out
+        assert switched["config"]["precision"] == "float32" and switched["steps"] == 2 * fresh["steps"]
+        assert json.loads((tmp_path / "fresh" / "config.json").read_text())["precision"] == "float32"
     finally:
         keras.config.set_dtype_policy("float32")

@@ -43,26 +43,29 @@ def carried_step(path):
 
 def save(runs=playbook.CPU_RUNS, carried=CARRIED, entries=None):
     """Writes each run of `entries` (the CPU queue's) that `runs` holds begun and not finished
-    as `carried/<name>.tar`, unless the tar there is further on; deletes the tars of runs
-    that are no longer begun and unfinished. Returns the names carried."""
+    as `carried/<name>.tar`, unless the tar there is further on (or this machine has not begun
+    the run); deletes the tars of runs finished here or no longer queued. Returns the names
+    carried."""
     entries = playbook.queue("cpu") if entries is None else entries
     os.makedirs(carried, exist_ok=True)
     kept = []
     for name, arguments in entries:
         run_dir = os.path.join(runs, name)
+        if os.path.exists(os.path.join(run_dir, "summary.json")):
+            continue
         step, _ = playbook.newest_checkpoint(run_dir)
         path = os.path.join(carried, f"{name}.tar")
-        if step is None or os.path.exists(os.path.join(run_dir, "summary.json")):
-            continue
-        kept.append(name)
-        if os.path.exists(path) and carried_step(path) > step:
-            print(f"{name}: the carried checkpoint (step {carried_step(path)}) is further on than {run_dir}'s; kept")
-            continue
-        playbook.bundle(carried, runs, [(name, arguments)])
+        there = carried_step(path) if os.path.exists(path) else None
+        if there is not None and (step is None or there > step):
+            kept.append(name)
+            print(f"{name}: the carried checkpoint (step {there}) is further on than {run_dir}'s; kept")
+        elif step is not None:
+            kept.append(name)
+            playbook.bundle(carried, runs, [(name, arguments)])
     for leftover in sorted(set(os.listdir(carried)) - {f"{name}.tar" for name in kept}):
         if leftover.endswith(".tar"):
             os.remove(os.path.join(carried, leftover))
-            print(f"{leftover[: -len('.tar')]}: no longer begun and unfinished here; its carried tar deleted")
+            print(f"{leftover[: -len('.tar')]}: finished here or no longer queued; its carried tar deleted")
     return kept
 
 

@@ -64,12 +64,14 @@ def test_the_begun_runs_are_carried_and_restored_on_a_machine_without_them(tmp_p
 
 
 def test_a_carried_run_further_on_is_kept_and_a_landed_ones_tar_leaves(tmp_path, capsys):
-    """A machine whose run is behind the carried one does not replace it; the tar of a run
-    that has finished, or that the queue no longer holds, is deleted; `forget` deletes a
-    landed run's tar."""
+    """A machine whose run is behind the carried one, or that has not begun it, does not
+    replace it; the tar of a run that has finished, or that the queue no longer holds, is
+    deleted; `forget` deletes a landed run's tar."""
     runs, carried = tmp_path / "runs", tmp_path / "carried"
     make_run(tmp_path / "elsewhere" / "begun", [390])
     carry_runs.save(str(tmp_path / "elsewhere"), str(carried), ENTRIES)
+    assert carry_runs.save(str(runs), str(carried), ENTRIES) == ["begun"]  # nothing begun here
+    assert carry_runs.carried_step(str(carried / "begun.tar")) == 390
     make_run(runs / "begun", [78])
     make_run(runs / "finished", [78])
     carry_runs.save(str(runs), str(carried), ENTRIES)

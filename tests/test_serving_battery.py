@@ -10,6 +10,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -624,14 +625,20 @@ def test_content_length_with_chunked_is_refused_and_closed(served):
 def test_a_half_close_is_the_client_leaving(served):
     """The server reports a client that closes its side of the connection as gone: a request
     that waits for the network is dropped, and told so where the socket still takes an answer;
-    one answered at once is answered."""
-    _, port, _ = served
+    one answered at once is answered. The server is paused while the request and the half-close
+    are sent, so that it finds both waiting (a client paused between them by a busy machine would
+    otherwise be answered before it closed, rightly)."""
+    _, port, server = served
     body = json.dumps({"instances": [b64(jpegs(random_pixels(1, CIFAR))[0])]}).encode()
     predict = PREDICT + b"Host: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
     for request, status in ((predict, 400), (SMUGGLED, 200)):
         with socket.create_connection(("127.0.0.1", port), timeout=60) as connection:
-            connection.sendall(request)
-            connection.shutdown(socket.SHUT_WR)
+            server.send_signal(signal.SIGSTOP)
+            try:
+                connection.sendall(request)
+                connection.shutdown(socket.SHUT_WR)
+            finally:
+                server.send_signal(signal.SIGCONT)
             received = b""
             while chunk := connection.recv(65536):
                 received += chunk

@@ -1,12 +1,15 @@
 """Every network of the paper as one record of data.
 
 A network is a stem, stages of residual units and a classifier. The records below give
-what differs between networks; `keras_preact.models.ResNet` builds any of them.
+what differs between networks; `keras_preact.models.ResNet` builds any of them. This table
+imports without Keras (`keras_preact.units`, which needs it, is imported where a record's
+depth is computed), so that a command line's network is checked, and named in its error,
+before TensorFlow loads.
 """
 
 import dataclasses
 
-from keras_preact import defaults, units
+from keras_preact import defaults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,8 @@ class Architecture:
     @property
     def depth(self):
         """Weight layers on the longest path: stem + residual branches + classifier."""
+        from keras_preact import units
+
         return 2 + len(units.FORMS[self.form].kernel_sizes) * sum(self.units_per_stage)
 
 
@@ -106,6 +111,16 @@ ARCHITECTURES = {
 }
 
 
+# A registered network's name (`keras_preact.list_models()`): its architecture's, and with this
+# suffix, the same network of the original units of [1].
+ORIGINAL_SUFFIX = "_original"
+
+
+def model_names():
+    """Every registered network's name, as `keras_preact.list_models()` gives them, without Keras."""
+    return sorted([*ARCHITECTURES, *(f"{name}{ORIGINAL_SUFFIX}" for name in ARCHITECTURES)])
+
+
 def cifar_depth(depth, form="basic"):
     """The CIFAR architecture of any valid `depth` for `form`.
 
@@ -113,6 +128,8 @@ def cifar_depth(depth, form="basic"):
         ValueError: if `depth` is not layers * 3 * n + 2 for the form (6n+2 basic,
             9n+2 bottleneck, 3n+2 single) with n >= 1.
     """
+    from keras_preact import units
+
     units.check_choice("form", form, units.FORMS)
     layers_per_unit = 3 * len(units.FORMS[form].kernel_sizes)
     examples = ", ".join(str(layers_per_unit * n + 2) for n in (1, 2, 3))

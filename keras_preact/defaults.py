@@ -19,6 +19,10 @@ BATCH_NORM_EPSILON = 1e-5
 # normalisation of training and of the shipped CIFAR-10 weights.
 CIFAR10_MEAN = (125.3, 123.0, 113.9)
 CIFAR10_STD = (63.0, 62.1, 66.7)
+# CIFAR-100's, from the same code (fb.resnet.torch datasets/cifar100.lua): the normalisation of
+# training on CIFAR-100 and of the shipped CIFAR-100 weights.
+CIFAR100_MEAN = (129.3, 124.1, 112.4)
+CIFAR100_STD = (68.2, 65.4, 70.4)
 # ImageNet's, as fb.resnet.torch uses them: (0.485, 0.456, 0.406) x 255 and (0.229,
 # 0.224, 0.225) x 255.
 IMAGENET_MEAN = (123.675, 116.28, 103.53)

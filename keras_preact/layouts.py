@@ -118,13 +118,22 @@ def load_weights_file(model, path, other_layout=None):
     if other_layout is not None and os.path.isfile(path):
         other = other_layout()
         try:
-            other.load_weights(path)
+            # A file of another network fails here too, after Keras has warned of each layer.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                other.load_weights(path)
         except Exception:
             pass
         else:
             copy_weights(other, model)
             return
+    # Keras' message lists every layer that did not load: its first sentence says how many.
+    reason = str(failure).strip().splitlines()[0].split(". ")[0][:MESSAGE_CHARACTERS] if str(failure).strip() else ""
     raise ValueError(
-        f"Could not load the weights file {os.fspath(path)} into {model.name} (a truncated, "
-        f"corrupt file, or one saved from another network): {failure}"
+        f"Could not load the weights file {os.fspath(path)} into {model.name}: a file saved from another network, "
+        f"or a truncated or corrupt one ({type(failure).__name__}: {reason}). Give the weights of this very network."
     ) from failure
+
+
+# The most of a loading error's own message repeated in ours.
+MESSAGE_CHARACTERS = 200

@@ -20,7 +20,8 @@ from keras_preact import architectures, base_layers, defaults, layouts, merges, 
 
 POOLINGS = (None, "avg", "max")
 # `include_preprocessing`'s per-channel (mean, std) on the 0-255 scale, by stem: CIFAR-10's
-# for the CIFAR networks (the shipped weights'), ImageNet's for the ImageNet networks.
+# for the CIFAR networks, ImageNet's for the ImageNet networks; shipped weights take their
+# data set's (`pretrained.DATASETS`).
 PREPROCESSING = {
     "cifar": (defaults.CIFAR10_MEAN, defaults.CIFAR10_STD),
     "imagenet": (defaults.IMAGENET_MEAN, defaults.IMAGENET_STD),
@@ -88,19 +89,21 @@ def ResNet(
             `ShortcutDropout`), separate units otherwise.
         include_top: whether to end with the fully connected classifier.
         include_preprocessing: take 0-255 pixels and normalise them inside the model
-            (`keras_preact.preprocess_input` as a first layer: CIFAR-10's per-channel
-            mean and std for CIFAR networks, ImageNet's for ImageNet networks), as
-            Keras Applications' ConvNeXt and EfficientNetV2 do. Needs 3 channels.
+            (`keras_preact.preprocess_input` as a first layer: the per-channel mean and
+            std of the shipped weights' data set, else CIFAR-10's for CIFAR networks and
+            ImageNet's for ImageNet networks), as Keras Applications' ConvNeXt and
+            EfficientNetV2 do. Needs 3 channels.
         weights: `None` (random initialisation), the path of a weights file
-            (`.weights.h5`) saved from the same network, or "cifar10": the weights
-            keras-preact trained on CIFAR-10 for this network (`keras_preact.pretrained`),
-            checked against their SHA-256. With `include_top=False` every weight but
-            the classifier's is loaded.
+            (`.weights.h5`) saved from the same network, or "cifar10" or "cifar100": the
+            weights keras-preact trained on that data set for this network
+            (`keras_preact.pretrained`), checked against their SHA-256. With
+            `include_top=False` every weight but the classifier's is loaded.
         input_tensor: optional Keras tensor (output of `keras.Input()`) to use as input.
         input_shape: optional `(height, width, channels)`; the architecture's
             (32, 32, 3) or (224, 224, 3) by default. Height and width may be `None`.
         pooling: without the top, `None` (the last feature map), "avg" or "max".
-        classes: number of classes; `None` for the architecture's (10 or 1000).
+        classes: number of classes; `None` for the shipped weights' (10 or 100), else the
+            architecture's (10 or 1000).
         classifier_activation: activation of the classifier, `None` for logits.
         name: the model's name; by default the architecture's name, followed by the
             unit's where it is not "preactivation".
@@ -144,7 +147,9 @@ def ResNet(
     if scan_units is None:
         scan_units = loops_by_default(architecture, merge)
     weight_decay = defaults.validate_weight_decay(weight_decay)
-    classes = architecture.default_classes if classes is None else classes
+    if classes is None:
+        shipped_classes = pretrained.DATASETS.get(weights, {}).get("classes") if isinstance(weights, str) else None
+        classes = len(shipped_classes) if shipped_classes else architecture.default_classes
     if include_top and (not defaults.is_integer(classes) or classes < 1):
         raise ValueError(f"classes must be a positive integer. Received: classes={classes!r}")
     classes = int(classes) if include_top else classes
@@ -187,7 +192,12 @@ def ResNet(
 
     x = inputs
     if include_preprocessing:
-        x = pretrained.normalization(*PREPROCESSING[architecture.stem], name="preprocessing")(x)
+        statistics = (
+            (pretrained.DATASETS[weights]["mean"], pretrained.DATASETS[weights]["std"])
+            if shipped is not None
+            else PREPROCESSING[architecture.stem]
+        )
+        x = pretrained.normalization(*statistics, name="preprocessing")(x)
     x = STEMS[architecture.stem](x, weight_decay)
     for stage, (unit_count, width) in enumerate(zip(architecture.units_per_stage, architecture.widths), start=1):
         for index in range(1, unit_count + 1):
@@ -444,7 +454,9 @@ NAMED_BUILDERS = (
 MODELS = {}
 for _builder in NAMED_BUILDERS:
     MODELS[_builder.architecture_name] = _builder
-    MODELS[f"{_builder.architecture_name}_original"] = functools.partial(_builder, unit="original")
+    MODELS[f"{_builder.architecture_name}{architectures.ORIGINAL_SUFFIX}"] = functools.partial(
+        _builder, unit="original"
+    )
 
 
 def list_models() -> list[str]:

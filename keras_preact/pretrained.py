@@ -6,9 +6,10 @@ names each file with its SHA-256, the network it belongs to, its final test erro
 the recipe that made it. Every load checks the file's SHA-256 first: a corrupt,
 truncated or altered file is an error that names it, never a silent load.
 
-The networks take images normalised with `preprocess_input` (CIFAR-10's per-channel
-mean and standard deviation on the 0-255 scale, as in training), or 0-255 pixels when
-built with `include_preprocessing=True`; `decode_predictions` names the classes.
+The networks take images normalised with `preprocess_input` (the per-channel mean and
+standard deviation of their data set, CIFAR-10 or CIFAR-100, on the 0-255 scale, as in
+training), or 0-255 pixels when built with `include_preprocessing=True`;
+`decode_predictions` names the classes.
 """
 
 import json
@@ -25,10 +26,118 @@ WEIGHTS_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "we
 REGISTRY_FILE = os.path.join(WEIGHTS_DIRECTORY, "registry.json")
 # CIFAR-10's class names in the order of its label ids 0-9 (Krizhevsky, 2009).
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+# CIFAR-100's fine class names in the order of its fine label ids 0-99, the release's
+# `fine_label_names` (Krizhevsky, 2009): alphabetical, so an image folder's sorted class
+# folders have the same ids.
+CIFAR100_CLASSES = (
+    "apple",
+    "aquarium_fish",
+    "baby",
+    "bear",
+    "beaver",
+    "bed",
+    "bee",
+    "beetle",
+    "bicycle",
+    "bottle",
+    "bowl",
+    "boy",
+    "bridge",
+    "bus",
+    "butterfly",
+    "camel",
+    "can",
+    "castle",
+    "caterpillar",
+    "cattle",
+    "chair",
+    "chimpanzee",
+    "clock",
+    "cloud",
+    "cockroach",
+    "couch",
+    "crab",
+    "crocodile",
+    "cup",
+    "dinosaur",
+    "dolphin",
+    "elephant",
+    "flatfish",
+    "forest",
+    "fox",
+    "girl",
+    "hamster",
+    "house",
+    "kangaroo",
+    "keyboard",
+    "lamp",
+    "lawn_mower",
+    "leopard",
+    "lion",
+    "lizard",
+    "lobster",
+    "man",
+    "maple_tree",
+    "motorcycle",
+    "mountain",
+    "mouse",
+    "mushroom",
+    "oak_tree",
+    "orange",
+    "orchid",
+    "otter",
+    "palm_tree",
+    "pear",
+    "pickup_truck",
+    "pine_tree",
+    "plain",
+    "plate",
+    "poppy",
+    "porcupine",
+    "possum",
+    "rabbit",
+    "raccoon",
+    "ray",
+    "road",
+    "rocket",
+    "rose",
+    "sea",
+    "seal",
+    "shark",
+    "shrew",
+    "skunk",
+    "skyscraper",
+    "snail",
+    "snake",
+    "spider",
+    "squirrel",
+    "streetcar",
+    "sunflower",
+    "sweet_pepper",
+    "table",
+    "tank",
+    "telephone",
+    "television",
+    "tiger",
+    "tractor",
+    "train",
+    "trout",
+    "tulip",
+    "turtle",
+    "wardrobe",
+    "whale",
+    "willow_tree",
+    "wolf",
+    "woman",
+    "worm",
+)
 # The data sets of shipped weights: their classes, input shape and normalisation.
 DATASETS = {
     "cifar10": dict(
         classes=CIFAR10_CLASSES, input_shape=(32, 32, 3), mean=defaults.CIFAR10_MEAN, std=defaults.CIFAR10_STD
+    ),
+    "cifar100": dict(
+        classes=CIFAR100_CLASSES, input_shape=(32, 32, 3), mean=defaults.CIFAR100_MEAN, std=defaults.CIFAR100_STD
     ),
 }
 
@@ -130,11 +239,12 @@ def verified_file(entry):
 
 def preprocess_input(images: ArrayLike, dataset: str = "cifar10") -> keras.KerasTensor:
     """Normalises 0-255 pixels as the shipped networks were trained: (pixels - mean) / std
-    per channel, with CIFAR-10's statistics (`keras_preact.defaults.CIFAR10_MEAN`, `_STD`).
+    per channel, with the statistics of the weights' data set (`keras_preact.defaults`:
+    `CIFAR10_MEAN` and `_STD`, `CIFAR100_MEAN` and `_STD`).
 
     Args:
         images: pixels 0-255, channels last (a NumPy array or tensor of any float or int type).
-        dataset: the data set of the weights, "cifar10".
+        dataset: the data set of the weights, "cifar10" or "cifar100".
 
     Returns:
         float32 images, for a network built without `include_preprocessing`.
@@ -159,7 +269,8 @@ def decode_predictions(
     predictions: ArrayLike, top: int = 5, dataset: str = "cifar10"
 ) -> list[list[tuple[int, str, float]]]:
     """The `top` classes of each row of `predictions` (probabilities or logits of the data set's
-    classes), best first, as Keras Applications' `decode_predictions` gives them.
+    classes: "cifar10" or "cifar100", whose names are its fine classes), best first, as Keras
+    Applications' `decode_predictions` gives them.
 
     Returns:
         A list with, per image, a list of (class id, class name, score) tuples.
@@ -182,6 +293,12 @@ def decode_predictions(
     return [
         [(int(index), names[index], float(row[index])) for index in order] for row, order in zip(predictions, ranked)
     ]
+
+
+def dataset_of(class_names):
+    """The data set of shipped weights whose classes are `class_names` in this order ("cifar10",
+    "cifar100"), or `None`: how a weights file's network is given its data set's normalisation."""
+    return next((name for name, facts in DATASETS.items() if list(facts["classes"]) == list(class_names)), None)
 
 
 def _dataset(dataset):

@@ -4,13 +4,14 @@
     python scripts/land_zoo_run.py ~/.cache/keras-preact/runs/zoo-resnet20-seed1 --name resnet20 \
         --images-per-second 690 --another-seed
 
-Publishes the run (`keras-preact publish`: the weights file, evaluated again, and its
-registry entry with the hours alone at the rate measured alone), draws its curves from its
-log into `docs/zoo_<name>_curves.png` (titled with the data folder's name, whichever code
-version trained it), copies its config, log and summary to `docs/runs/zoo-<name>/`, and
-rewrites from the registry the zoo's tables in README.md and docs/zoo.md (`keras-preact
-zoo` and `zoo --units`) and docs/zoo.md's curves, one figure per network in
-the table's order. With `--another-seed`, the run is the shipped network's recipe trained
+Publishes the run (`keras-preact publish`: the weights file, its trained weights or with
+`--weights average` the weights' average it kept, evaluated again, and its registry entry with
+the hours alone at the rate measured alone), draws its curves from its log into
+`docs/zoo_<name>_curves.png` (a CIFAR-100 run's `docs/zoo_cifar100_<name>_curves.png`; titled
+with the data folder's name, whichever code version trained it), copies its config, log and
+summary to `docs/runs/zoo-<name>/` (`zoo-cifar100-<name>/`), and rewrites from the registry the
+zoo's tables in README.md (CIFAR-10's short one and its units, `keras-preact zoo` and `zoo --units`)
+and docs/zoo.md (every data set's: `zoo --wide` and `zoo --units`) and docs/zoo.md's curves, one figure per network in the table's order. With `--another-seed`, the run is the shipped network's recipe trained
 again with another seed: its errors join the network's entry (`zoo.add_seed`; the shipped
 weights and curves stay the first seed's), its logs go to `docs/runs/zoo-<name>-seed<seed>/`,
 and the tables give the mean and standard deviation over the seeds. The run's checkpoint carried
@@ -50,9 +51,9 @@ def replace_table(text, table):
     return replace_block(text, table, table.splitlines()[0], "table with the header")
 
 
-def replace_curve_images(text, images):
-    """`text` with its paragraph of the zoo's curve images replaced by `images`."""
-    return replace_block(text, images, zoo_tables.CURVE_IMAGE_START, "paragraph of images beginning")
+def replace_curve_images(text, images, dataset="cifar10"):
+    """`text` with its paragraph of the zoo's curve images of `dataset` replaced by `images`."""
+    return replace_block(text, images, zoo_tables.curve_images_start(dataset), "paragraph of images beginning")
 
 
 def draw_curves(run_dir, name, png_path):
@@ -61,6 +62,10 @@ def draw_curves(run_dir, name, png_path):
     with open(os.path.join(run_dir, "config.json")) as file:
         config = types.SimpleNamespace(**json.load(file))
     return plots.training_curves(os.path.join(run_dir, "log.csv"), png_path, title=f"{name} on {datasets.name(config)}")
+
+
+# The tables of each data set on the zoo page.
+TABLES = (zoo_tables.markdown_table, zoo_tables.unit_comparison_table)
 
 
 def main():
@@ -75,31 +80,48 @@ def main():
     )
     parser.add_argument("--data-dir", help="CIFAR-10 here, where the run trained elsewhere (default: the run's own)")
     parser.add_argument(
+        "--weights",
+        default="final",
+        choices=["final", "average"],
+        help="ship the run's trained weights (default) or the weights' average it kept, as validation chose",
+    )
+    parser.add_argument(
         "--another-seed",
         action="store_true",
         help="the run is the shipped network's recipe with another seed: add its errors to the network's entry",
     )
     arguments = parser.parse_args()
+    # CIFAR-10's files keep their names; another data set's carry its name.
+    _, dataset = zoo.finished_run(arguments.run_dir)
+    prefix = "" if dataset == "cifar10" else f"{dataset}-"
     if arguments.another_seed:
         entry = zoo.add_seed(
             arguments.run_dir, arguments.name, arguments.data_dir, images_per_second=arguments.images_per_second
         )
         landed = entry["other_seeds"][-1]
-        logs = os.path.join(ROOT, "docs", "runs", f"zoo-{arguments.name}-seed{landed['seed']}")
+        logs = os.path.join(ROOT, "docs", "runs", f"zoo-{prefix}{arguments.name}-seed{landed['seed']}")
     else:
         landed = entry = zoo.publish(
-            arguments.run_dir, arguments.name, arguments.data_dir, images_per_second=arguments.images_per_second
+            arguments.run_dir,
+            arguments.name,
+            arguments.data_dir,
+            images_per_second=arguments.images_per_second,
+            weights=arguments.weights,
         )
-        curves = f"zoo_{arguments.name}_curves.png"
-        draw_curves(arguments.run_dir, arguments.name, os.path.join(ROOT, "docs", curves))
-        logs = os.path.join(ROOT, "docs", "runs", f"zoo-{arguments.name}")
+        draw_curves(
+            arguments.run_dir,
+            arguments.name,
+            os.path.join(ROOT, "docs", zoo_tables.curve_file(arguments.name, dataset)),
+        )
+        logs = os.path.join(ROOT, "docs", "runs", f"zoo-{prefix}{arguments.name}")
     os.makedirs(logs, exist_ok=True)
     for name in ("config.json", "log.csv", "summary.json"):
         shutil.copy(os.path.join(arguments.run_dir, name), logs)
     carry_runs.forget(arguments.run_dir)
+    # The README shows CIFAR-10's tables; the zoo page every data set's.
     tables = {
-        "README.md": [zoo_tables.markdown_table(), zoo_tables.unit_comparison_table()],
-        "docs/zoo.md": [zoo_tables.markdown_table(), zoo_tables.unit_comparison_table()],
+        "README.md": [zoo_tables.short_table(), zoo_tables.unit_comparison_table()],
+        "docs/zoo.md": [table(dataset=name) for name in zoo.DATA_DESCRIPTIONS for table in TABLES],
     }
     for document, replacements in tables.items():
         path = os.path.join(ROOT, document)
@@ -108,7 +130,8 @@ def main():
         for table in replacements:
             text = replace_table(text, table)
         if document == "docs/zoo.md":
-            text = replace_curve_images(text, zoo_tables.curve_images())
+            for name in zoo.DATA_DESCRIPTIONS:
+                text = replace_curve_images(text, zoo_tables.curve_images(dataset=name), name)
         with open(path, "w") as file:
             file.write(text)
     seeds = len(zoo_tables.seed_values(entry, "test_error"))

@@ -22,9 +22,11 @@
 # The data is CIFAR-10 with its original pixels, as PNG folders in
 # ~/.cache/keras-preact/cifar10-png, made once by
 # `.venv/bin/keras-preact data ../shared/data/cifar10-png.tar.xz` (as the tests make it; its
-# cifar10-png.done mark tells them it is there). A machine may come back without ~/.cache and
+# cifar10-png.done mark tells them it is there); the CIFAR-100 runs name their own --data-dir,
+# ~/.cache/keras-preact/cifar100-png, made once by
+# `.venv/bin/keras-preact data ../shared/data/cifar100-png.tar.xz`. A machine may come back without ~/.cache and
 # without the work tree's ignored files: then `make .venv/installed` (the environment $PYTHON
-# names), the data command above and the runner's clone again (scripts/queue.txt holds only the
+# names), the data commands above and the runner's clone again (scripts/queue.txt holds only the
 # runs still to do, so none finished is redone). So that a run longer than a session goes on from
 # where the last session stopped it, that session stops the queue after a checkpoint and commits
 # the runs it has begun (`.venv/bin/python scripts/carry_runs.py save`, into scripts/carried/),

@@ -49,6 +49,7 @@ if "jax" in sys.modules:  # an xdist worker under JAX, which read the variables 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CIFAR_ARCHIVE = os.path.join(ROOT, "..", "shared", "data", "cifar10-png.tar.xz")
+CIFAR100_ARCHIVE = os.path.join(ROOT, "..", "shared", "data", "cifar100-png.tar.xz")
 # The console command (pyproject's [project.scripts]) as a user runs it: installed beside
 # the Python that runs the tests, in the virtual environment's bin/.
 KERAS_PREACT = os.path.join(os.path.dirname(sys.executable), "keras-preact")
@@ -234,3 +235,16 @@ def cifar_folder():
     if not os.path.exists(CIFAR_ARCHIVE):
         pytest.skip(f"CIFAR-10 PNG archive not found at {os.path.normpath(CIFAR_ARCHIVE)} (see shared/data/README.md)")
     return cifar10_folder.extract(CIFAR_ARCHIVE)
+
+
+@pytest.fixture(scope="session")
+def cifar100_folder():
+    """CIFAR-100 with its original pixels as PNG folders of its fine classes, extracted once into
+    the user's cache, where `keras-preact data` puts it (as `cifar_folder`)."""
+    from keras_preact_training.data import cifar10_folder
+
+    if not os.path.exists(CIFAR100_ARCHIVE):
+        pytest.skip(
+            f"CIFAR-100 PNG archive not found at {os.path.normpath(CIFAR100_ARCHIVE)} (see shared/data/README.md)"
+        )
+    return cifar10_folder.extract(CIFAR100_ARCHIVE, cifar10_folder.CIFAR100_FOLDER)

@@ -7,9 +7,11 @@ import os
 import pathlib
 import pickle
 import shutil
+import signal
 import stat
 import subprocess
 import tarfile
+import time
 import zipfile
 
 import numpy as np
@@ -60,7 +62,7 @@ def test_data_makes_the_folder_from_an_archive_once(tmp_path, name, top):
     assert made.returncode == 0, made.stderr
     assert made.stdout == f"Made: {destination}, 10 training and 10 test images in 10 classes.\n"
     assert sorted(os.listdir(os.path.join(destination, "train"))) == sorted(os.listdir(tmp_path / "source" / "train"))
-    assert sorted(os.listdir(tmp_path / "cache")) == ["cifar10-png", "cifar10-png.done", "cifar10-png.lock"]
+    assert sorted(os.listdir(tmp_path / "cache")) == ["cifar10-png", "cifar10-png.done"]  # and no lock file
     again = run("data", archive, "--data-dir", destination)
     assert again.stdout.startswith(f"Already made: {destination}, 10 training")
 
@@ -142,7 +144,6 @@ def test_data_makes_the_png_folder_from_the_official_python_release(tmp_path):
         "cifar-10-python.tar.gz",
         "cifar10-png",
         "cifar10-png.done",
-        "cifar10-png.lock",
     ]
 
 
@@ -167,7 +168,7 @@ def test_a_release_whose_pickles_name_anything_else_is_refused_unrun(tmp_path):
         pickle.dump({b"data": Payload()}, file, protocol=2)
     with tarfile.open(tmp_path / "hostile.tar.gz", "w:gz") as archive:
         archive.add(tmp_path / "cifar-10-batches-py", "cifar-10-batches-py")
-    with pytest.raises(ValueError, match="test_batch is not a CIFAR-10 batch: a CIFAR-10 batch names no posix.system"):
+    with pytest.raises(ValueError, match="test_batch is not a CIFAR batch: a CIFAR batch names no posix.system"):
         cifar10_folder.extract(str(tmp_path / "hostile.tar.gz"), str(tmp_path / "out"))
     assert not canary.exists() and not (tmp_path / "out").exists() and not (tmp_path / "out.done").exists()
 
@@ -179,7 +180,7 @@ def test_a_release_whose_pickles_name_anything_else_is_refused_unrun(tmp_path):
             lambda tmp_path: str(tmp_path / "missing.tar.xz"),
             "No archive at {tmp}/missing.tar.xz: an archive of an image "
             "folder (DIR/train/<class>/<image> and DIR/test/<class>/<image>, one folder per class) or CIFAR-10's "
-            "cifar-10-python.tar.gz is expected.",
+            "cifar-10-python.tar.gz or CIFAR-100's cifar-100-python.tar.gz is expected.",
         ),
         (
             lambda tmp_path: (tmp_path / "notes.txt").write_text("not an archive") and str(tmp_path / "notes.txt"),
@@ -188,7 +189,8 @@ def test_a_release_whose_pickles_name_anything_else_is_refused_unrun(tmp_path):
         (
             lambda tmp_path: archive_of(sample_folder(tmp_path / "source") / "train", tmp_path / "train-only.zip"),
             "{tmp}/train-only.zip holds no image folder (DIR/train/<class>/<image> and DIR/test/<class>/<image>, one "
-            "folder per class) and no CIFAR-10 release (cifar-10-batches-py/) at its top or in its one top folder.",
+            "folder per class) and no CIFAR release (cifar-10-batches-py/ or cifar-100-python/) at its top or in its "
+            "one top folder.",
         ),
     ],
     ids=["missing", "not an archive", "no train and test"],
@@ -198,7 +200,66 @@ def test_data_refuses_what_is_not_an_archive_of_an_image_folder(tmp_path, make, 
     assert result.returncode == 2
     assert result.stderr.startswith("error: " + message.format(tmp=tmp_path))
     assert not (tmp_path / "cifar10-png").exists() and not (tmp_path / "cifar10-png.done").exists()
-    assert [name for name in os.listdir(tmp_path) if name.startswith(".extracting")] == []
+    assert [name for name in os.listdir(tmp_path) if name.startswith(cifar10_folder.SCRATCH_PREFIX)] == []
+
+
+@pytest.mark.parametrize(
+    "members, archive, name",
+    [
+        (["cifar-10-batches-py/", "cifar-10-batches-py/data_batch_1"], "cifar-10-python.tar.gz", "cifar10-png"),
+        (["cifar-100-python/", "cifar-100-python/train"], "cifar-100-python.tar.gz", "cifar100-png"),
+        (["cifar100-png/", "cifar100-png/train/apple/0000.png"], "cifar100-png.tar.xz", "cifar100-png"),
+        (["./", "./train/cat/0.png"], "my-images.tar.xz", "my-images"),
+        (["train/", "train/cat/0.png"], "pets.zip", "pets"),
+        (["../escape/", "../escape/train/cat/0.png"], "hostile.tar", "hostile"),
+        ([".hidden/", ".hidden/train/cat/0.png"], "hidden.tar", "hidden"),
+        (["README"], "notes.tar", "notes"),
+    ],
+    ids=["cifar-10 release", "cifar-100 release", "png archive", "dot top", "zip at top", "parent", "hidden", "file"],
+)
+def test_data_names_the_folder_by_what_the_archive_holds(tmp_path, members, archive, name):
+    """`data`'s default folder: a release's image folder, the archive's top folder, or the
+    archive's name for an image folder at its top (and for a top name that would leave the cache
+    or hide in it), from the first member alone."""
+    path = tmp_path / archive
+    if archive.endswith(".zip"):
+        with zipfile.ZipFile(path, "w") as opened:
+            for member in members:
+                opened.writestr(member, b"" if member.endswith("/") else b"x")
+    else:
+        with tarfile.open(
+            path, "w:gz" if archive.endswith("gz") else "w:xz" if archive.endswith("xz") else "w"
+        ) as opened:
+            for member in members:
+                info = tarfile.TarInfo(member.rstrip("/") or ".")
+                info.type = tarfile.DIRTYPE if member.endswith("/") else tarfile.REGTYPE
+                info.size = 0 if member.endswith("/") else 1
+                opened.addfile(info, io.BytesIO(b"x") if info.size else None)
+    assert cifar10_folder.folder_name(str(path)) == name
+
+
+def test_data_reads_the_archive_it_is_given_even_where_the_default_folder_is_made(tmp_path):
+    """Into a cache where cifar10-png is made, a file that is no archive is refused in one line
+    (it is never answered "Already made"), and another archive lands in a folder of its own name."""
+    cache = tmp_path / "cache"
+    environment = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    images = archive_of(sample_folder(tmp_path / "source"), tmp_path / "cifar10-png.tar.xz", "cifar10-png")
+    for expected in ("Made", "Already made"):
+        made = subprocess.run([KERAS_PREACT, "data", images], cwd=ROOT, capture_output=True, text=True, env=environment)
+        assert made.stdout.startswith(f"{expected}: {cache}/keras-preact/cifar10-png, 10 training"), made.stderr
+    notes = tmp_path / "README.md"
+    notes.write_text("# not an archive\n")
+    refused = subprocess.run(
+        [KERAS_PREACT, "data", str(notes)], cwd=ROOT, capture_output=True, text=True, env=environment
+    )
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert (
+        refused.stderr
+        == f"error: {notes} cannot be extracted: it is neither a tar nor a zip archive. Received: {str(notes)!r}\n"
+    )
+    jpegs = archive_of(sample_folder(tmp_path / "jpegs"), tmp_path / "cifar10-jpeg.zip", "cifar10-jpeg")
+    other = subprocess.run([KERAS_PREACT, "data", jpegs], cwd=ROOT, capture_output=True, text=True, env=environment)
+    assert other.stdout.startswith(f"Made: {cache}/keras-preact/cifar10-jpeg, 10 training"), other.stderr
 
 
 def tar_with(path, member, content=b"", mode="w"):
@@ -295,7 +356,7 @@ def test_a_hostile_or_damaged_archive_is_one_line_and_leaves_nothing(tmp_path, c
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"error: {archive} cannot be extracted: ") and reason in result.stderr
     assert result.stderr.endswith(f"Received: {str(archive)!r}\n") and result.stderr.count("\n") == 1
-    assert os.listdir(tmp_path / "out") == ["cifar10-png.lock"]  # no folder, no mark, no scratch
+    assert os.listdir(tmp_path / "out") == []  # no folder, no mark, no scratch, no lock
     assert not (tmp_path / "outside.txt").exists() and not (tmp_path / "out" / "outside.txt").exists()
 
 
@@ -313,7 +374,7 @@ def test_extraction_is_bounded_in_bytes_and_files(tmp_path, monkeypatch):
     monkeypatch.setattr(cifar10_folder, "MAXIMUM_FILES", 5)
     with pytest.raises(ValueError, match=r"it holds more than 5 files or 0.000976562 GiB \(at '.*'\)"):
         cifar10_folder.extract(many, str(tmp_path / "out"))
-    assert sorted(os.listdir(tmp_path)) == ["bomb.zip", "many.tar.xz", "out.lock", "source"]
+    assert sorted(os.listdir(tmp_path)) == ["bomb.zip", "many.tar.xz", "source"]
 
 
 @pytest.mark.parametrize(
@@ -340,9 +401,112 @@ def test_commands_refuse_a_missing_image_folder_before_loading_tensorflow(tmp_pa
     assert result.stderr == (
         "error: dataset=folder needs --data-dir to be an image folder (DIR/train/<class>/<image> and "
         "DIR/test/<class>/<image>, one folder per class; `keras-preact data ARCHIVE` makes "
-        f"{cifar10_folder.CIFAR10_FOLDER} from an archive of one or from cifar-10-python.tar.gz, docs/training.md#data). "
+        f"{cifar10_folder.CIFAR10_FOLDER} from an archive of one or from cifar-10-python.tar.gz, and the cifar100-png "
+        "folder beside it from CIFAR-100's, docs/training.md#data). "
         f"Received: data_dir={str(tmp_path / 'nowhere')!r}\n"
     )
+
+
+def test_evaluate_calls_a_missing_weights_file_missing_before_loading_tensorflow(tmp_path):
+    hidden = os.path.join(ROOT, "tests", "without_tensorflow")
+    missing = str(tmp_path / "resnet20.weights.h5")
+    result = subprocess.run(
+        [KERAS_PREACT, "evaluate", "--model", "resnet20", "--weights", missing],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": hidden, "KERAS_BACKEND": "tensorflow"},
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"error: The weights file {missing} is missing: give the path of a .weights.h5 file saved from resnet20, or "
+        f"cifar10 or cifar100 for the shipped weights. Received: --weights {missing!r}\n"
+    )
+
+
+def test_the_data_sets_with_folders_are_those_with_shipped_weights():
+    from keras_preact import pretrained
+
+    assert list(cifar10_folder.FOLDERS) == list(pretrained.DATASETS)
+
+
+def test_another_networks_weights_file_is_one_line(tmp_path):
+    import keras_preact
+
+    keras_preact.ResNet20().save_weights(tmp_path / "resnet20.weights.h5")
+    result = run(
+        "evaluate",
+        "--model",
+        "resnet56",
+        "--weights",
+        str(tmp_path / "resnet20.weights.h5"),
+        "--data-dir",
+        str(sample_folder(tmp_path / "images")),
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"error: Could not load the weights file {tmp_path / 'resnet20.weights.h5'} into resnet56: a file saved from "
+        "another network, or a truncated or corrupt one (ValueError: A total of 95 objects could not be loaded). "
+        "Give the weights of this very network.\n"
+    )
+
+
+def test_a_fifo_named_like_an_image_is_refused_in_one_line_never_read(tmp_path):
+    """Opened, a FIFO waits for a writer: `evaluate` and the calibration images refuse it by name."""
+    from keras_preact_training.export import calibration
+
+    root = sample_folder(tmp_path / "images")
+    fifo = root / "test" / "cat" / "waiting.png"
+    os.mkfifo(fifo)
+    result = run("evaluate", "--model", "resnet20", "--data-dir", str(root))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"error: {fifo} is named like an image but is not a regular file (a FIFO, a socket, a device or a folder): "
+        f"move it out of the folder. Received: {str(fifo)!r}\n"
+    )
+    with pytest.raises(ValueError, match="waiting.png is named like an image but is not a regular file"):
+        calibration.image_files([str(root)])
+
+
+def test_data_stopped_by_sigterm_or_kill_leaves_nothing_the_next_run_does_not_clean(tmp_path):
+    """SIGTERM while `data` extracts: one line, exit 130, no scratch folder left; a scratch folder
+    of a killed run is removed by the next, which makes the folder with mkdir's mode."""
+    from PIL import Image
+
+    source = sample_folder(tmp_path / "source")
+    rng = np.random.default_rng(0)
+    for index in range(3000):  # enough images that the extraction is under way when the signal comes
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
+            source / "train" / "cat" / f"{index}.png"
+        )
+    archive = archive_of(source, tmp_path / "many.tar.xz")
+    out = tmp_path / "out"
+    out.mkdir()
+    process = subprocess.Popen(
+        [KERAS_PREACT, "data", archive, "--data-dir", str(out / "images")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not any(name.startswith(cifar10_folder.SCRATCH_PREFIX) for name in os.listdir(out)):
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    _, errors = process.communicate(timeout=120)
+    assert (process.returncode, errors) == (130, "\nInterrupted (Ctrl-C).\n")
+    assert os.listdir(out) == []
+    stale = out / f"{cifar10_folder.SCRATCH_PREFIX}killed"
+    (stale / "train").mkdir(parents=True)
+    previous = os.umask(0o027)
+    try:
+        assert cifar10_folder.extract(archive, str(out / "images")) == str(out / "images")
+    finally:
+        os.umask(previous)
+    assert sorted(os.listdir(out)) == ["images", "images.done"]
+    assert stat.S_IMODE(os.stat(out / "images").st_mode) == 0o750
 
 
 def test_evaluate_refuses_weights_that_do_not_ship_before_reading_the_data(tmp_path):

@@ -36,10 +36,11 @@ pytestmark = pytest.mark.tensorflow
 def substitutions(tmp_path):
     """{text on a `# yours` line: what the test runs instead}."""
     return {
-        '"cifar10-png/train"': repr(str(sample_folder(tmp_path))),
+        '"~/.cache/keras-preact/cifar10-png/train"': repr(str(sample_folder(tmp_path))),
         "epochs=200": "epochs=1",
         "epochs=60": "epochs=1",
         '"saved_models/my_resnet20"': repr(str(tmp_path / "saved_models" / "my_resnet20")),
+        '"presets/my_resnet20"': repr(str(tmp_path / "presets" / "my_resnet20")),
     }
 
 
@@ -110,15 +111,22 @@ def test_the_readme_is_the_short_front_door_with_a_map_of_every_page():
 
 
 def test_the_zoo_tables_are_the_registrys(tmp_path):
-    """The README's and the zoo page's tables are what `keras-preact zoo` prints from the
-    registry, and their units tables what `keras-preact zoo --units` prints: a network's
-    row lands with its entry."""
+    """The README's tables are what `keras-preact zoo` and `zoo --units` print from the registry,
+    in at most 100 columns a line; the zoo page's every data set's `zoo --wide` and `zoo --units`:
+    a network's row lands with its entry."""
     from keras_preact_training.experiments import zoo_tables
 
-    tables = zoo_tables.markdown_table(), zoo_tables.unit_comparison_table()
-    for path in (README, os.path.join(DOCS, "zoo.md")):
-        for table, command in zip(tables, ("zoo", "zoo --units")):
-            assert table in read(path), f"{os.path.relpath(path, ROOT)}'s table is not `keras-preact {command}`'s"
+    readme = read(README)
+    assert zoo_tables.short_table() in readme, "the README's table is not `keras-preact zoo`'s"
+    assert zoo_tables.unit_comparison_table() in readme, "the README's units table is not `keras-preact zoo --units`'s"
+    assert max(len(line) for line in zoo_tables.short_table().splitlines()) <= zoo_tables.SHORT_WIDTH
+    zoo_page = read(os.path.join(DOCS, "zoo.md"))
+    for dataset in ("cifar10", "cifar100"):
+        assert zoo_tables.markdown_table(dataset=dataset) in zoo_page, (
+            f"zoo.md's is not `zoo --wide --dataset {dataset}`'s"
+        )
+        assert zoo_tables.unit_comparison_table(dataset=dataset) in zoo_page, dataset
+        assert f"\n\n{zoo_tables.curve_images(dataset=dataset)}\n\n" in zoo_page, dataset
 
 
 def test_the_zoo_page_shows_every_shipped_networks_curves_in_the_tables_order():

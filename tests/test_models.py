@@ -253,7 +253,7 @@ def test_weights_from_a_file_reproduce_the_network(tmp_path):
         (lambda: kp.ResNet20(input_shape=(32, 32, None)), "known number of channels"),
         (
             lambda: kp.ResNet20(weights="imagenet"),
-            "or one of ['cifar10'] for keras-preact's trained weights. Received: weights='imagenet'",
+            "or one of ['cifar10', 'cifar100'] for keras-preact's trained weights. Received: weights='imagenet'",
         ),
         (lambda: kp.ResNet20(include_preprocessing=1), "Received: include_preprocessing=1"),
         (

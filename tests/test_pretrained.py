@@ -453,7 +453,7 @@ def test_evaluate_refuses_bad_input(shipped, small_cifar, tmp_path, capsys):
     assert cli.main(["evaluate", "--model", "resnet20", "--data-dir", str(tmp_path / "nowhere")]) == 2
     assert "needs --data-dir to be an image folder (DIR/train/<class>/<image>" in capsys.readouterr().err
     assert cli.main(["evaluate", "--model", "resnet21", "--data-dir", str(small_cifar)]) == 2
-    assert "Unknown model. Choose one of" in capsys.readouterr().err
+    assert "Unknown model. Did you mean resnet32 or resnet20" in capsys.readouterr().err
     assert cli.main(["evaluate", "--model", "resnet56", "--data-dir", str(small_cifar)]) == 2
     assert "ships cifar10 weights for these networks only" in capsys.readouterr().err
     for examples in (0, 2.5, True):
@@ -536,6 +536,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
     assert entry["train_error"] == round(training_set["error"], 6) and training_set["images"] == 50
     tested = evaluate.evaluate("resnet20", str(tmp_path / "weights" / entry["file"]), data_dir=str(small_cifar))
     assert entry["test_predictions"] == "".join(str(label) for label in tested["predictions"])
+    np.testing.assert_array_equal(zoo.predictions_of(entry["test_predictions"], 10), tested["predictions"])
     assert len(entry["test_predictions"]) == tested["images"]
     # The command as a user types it: the data folder by its name, no run folder of this machine.
     assert entry["command"] == (
@@ -543,7 +544,7 @@ def test_a_finished_run_is_published_into_the_zoo_and_loads(small_cifar, tmp_pat
         f"{small_cifar.name} --set batch_size=10 --set duration=1 --set warmup=0"
     )
     assert entry["config"]["model"] == "resnet20" and entry["config"]["data_dir"] == small_cifar.name
-    assert entry["data"] == zoo.DATA_DESCRIPTION
+    assert entry["data"] == zoo.DATA_DESCRIPTIONS["cifar10"] and entry["weights"] == "final"
     # The hours the run's images take alone at (a slow) 0.05 images/s: 1 epoch of 50 images.
     assert summary["steps"] * 10 == 50 and entry["images_per_second_alone"] == 0.05
     assert entry["hours_alone"] == round(50 / 0.05 / 3600, 4)
@@ -706,11 +707,24 @@ def test_export_of_shipped_weights_refuses_bad_input(shipped, tmp_path, capsys, 
     assert re.search(message, capsys.readouterr().err)
 
 
-SHIPPED = pretrained.shipped_networks("cifar10")
+# (data set, network) of every shipped weights file; each data set's test images are read from
+# the shared data (`cifar_folder`, `cifar100_folder`), extracted where one of its networks is shipped.
+SHIPPED = [(dataset, name) for dataset in pretrained.DATASETS for name in pretrained.shipped_networks(dataset)]
+FOLDER_FIXTURES = {"cifar10": "cifar_folder", "cifar100": "cifar100_folder"}
 NOTHING_SHIPPED = pytest.param(
+    None,
     None,
     marks=pytest.mark.skip(reason="no network's trained weights are shipped yet (keras_preact/weights/registry.json)"),
 )
+
+
+def shipped_param(dataset, name, marks=()):
+    return pytest.param(dataset, name, id=f"{dataset}-{name}", marks=marks)
+
+
+def folder_of(request, dataset):
+    """The image folder of `dataset`'s test images, from its fixture."""
+    return request.getfixturevalue(FOLDER_FIXTURES[dataset])
 
 
 # The registry's figures are measured again on all 10,000 test images, single crop and with the
@@ -728,13 +742,18 @@ CHECKED_IMAGES = 1_000
 ROUNDING_MOVES = 2
 
 
-def registry_check(name):
-    depth = architectures.ARCHITECTURES[name.removesuffix("_original")].depth
-    return pytest.param(name, marks=[pytest.mark.large] if depth > DEEPEST_ON_EVERY_BACKEND else [])
+def depth_of(name):
+    return architectures.ARCHITECTURES[name.removesuffix("_original")].depth
 
 
-def registry_predictions(entry):
-    return np.array([int(digit) for digit in entry["test_predictions"]])
+def registry_check(dataset, name):
+    return shipped_param(dataset, name, [pytest.mark.large] if depth_of(name) > DEEPEST_ON_EVERY_BACKEND else [])
+
+
+def registry_predictions(dataset, entry):
+    from keras_preact_training.experiments import zoo
+
+    return zoo.predictions_of(entry["test_predictions"], len(pretrained.DATASETS[dataset]["classes"]))
 
 
 def folder_test_labels(folder):
@@ -747,70 +766,75 @@ def folder_test_labels(folder):
 
 @pytest.mark.tensorflow
 @pytest.mark.parametrize(
-    "name",
-    [name for name in SHIPPED if architectures.ARCHITECTURES[name.removesuffix("_original")].depth == 20]
-    or [NOTHING_SHIPPED],
+    "dataset, name", [shipped_param(*pair) for pair in SHIPPED if depth_of(pair[1]) == 20] or [NOTHING_SHIPPED]
 )
-def test_shipped_resnet20_gives_its_registry_errors_on_the_cifar10_test_set(cifar_folder, name):
+def test_shipped_resnet20_gives_its_registry_errors_on_its_test_set(request, dataset, name):
     """The errors the registry states, single crop and with the test-time flip, and its
-    predictions, measured again on all 10,000 CIFAR-10 test images (original pixels)."""
+    predictions, measured again on all 10,000 test images of its data set (original pixels)."""
     from keras_preact_training.train import evaluate
 
-    entry = pretrained.registry()["cifar10"][name]
-    result = evaluate.evaluate(name, "cifar10", data_dir=cifar_folder, flip=True)
+    entry = pretrained.registry()[dataset][name]
+    result = evaluate.evaluate(name, dataset, data_dir=folder_of(request, dataset), flip=True)
     assert result["images"] == 10_000
     assert abs(result["error"] - entry["test_error"]) <= 0.001  # 0.1 points
     assert abs(result["flip_error"] - entry["flip_test_error"]) <= 0.001
-    assert np.sum(result["predictions"] != registry_predictions(entry)) <= 10 * ROUNDING_MOVES
+    assert np.sum(result["predictions"] != registry_predictions(dataset, entry)) <= 10 * ROUNDING_MOVES
 
 
-@pytest.mark.parametrize("name", SHIPPED or [NOTHING_SHIPPED])
-def test_registry_predictions_give_its_test_error_and_per_class_accuracy(cifar_folder, name):
+@pytest.mark.parametrize("dataset, name", [shipped_param(*pair) for pair in SHIPPED] or [NOTHING_SHIPPED])
+def test_registry_predictions_give_its_test_error_and_per_class_accuracy(request, dataset, name):
     """The registry's predictions are the network's errors on the test images, to its rounding."""
-    entry = pretrained.registry()["cifar10"][name]
-    labels = folder_test_labels(cifar_folder)
-    predictions = registry_predictions(entry)
+    entry = pretrained.registry()[dataset][name]
+    labels = folder_test_labels(folder_of(request, dataset))
+    predictions = registry_predictions(dataset, entry)
     assert predictions.shape == labels.shape == (10_000,)
     assert round(float(np.mean(predictions != labels)), 6) == entry["test_error"]
     assert {
         label: round(float(np.mean(predictions[labels == index] == index)), 4)
-        for index, label in enumerate(pretrained.CIFAR10_CLASSES)
+        for index, label in enumerate(pretrained.DATASETS[dataset]["classes"])
     } == entry["per_class_accuracy"]
 
 
-@pytest.mark.parametrize("name", [registry_check(name) for name in SHIPPED] or [NOTHING_SHIPPED])
-def test_shipped_network_answers_as_its_registry_on_test_images(cifar_folder, name):
+@pytest.mark.parametrize("dataset, name", [registry_check(*pair) for pair in SHIPPED] or [NOTHING_SHIPPED])
+def test_shipped_network_answers_as_its_registry_on_test_images(request, dataset, name):
     """CHECKED_IMAGES test images (a fixed random subset, all classes), each classified as the
     registry's predictions have it, on whichever backend runs the tests (networks deeper than
     DEEPEST_ON_EVERY_BACKEND on TensorFlow)."""
     from keras_preact_training.data import datasets
     from keras_preact_training.train import evaluate
 
-    entry = pretrained.registry()["cifar10"][name]
-    result = evaluate.evaluate(name, "cifar10", data_dir=cifar_folder, examples=CHECKED_IMAGES)
+    folder = folder_of(request, dataset)
+    entry = pretrained.registry()[dataset][name]
+    result = evaluate.evaluate(name, dataset, data_dir=folder, examples=CHECKED_IMAGES)
     positions = datasets.subset_positions(10_000, CHECKED_IMAGES, seed=0)
     assert result["images"] == CHECKED_IMAGES
-    assert len(set(folder_test_labels(cifar_folder)[positions])) == 10
-    moved = np.flatnonzero(result["predictions"] != registry_predictions(entry)[positions])
+    assert len(set(folder_test_labels(folder)[positions])) == len(pretrained.DATASETS[dataset]["classes"])
+    moved = np.flatnonzero(result["predictions"] != registry_predictions(dataset, entry)[positions])
     assert len(moved) <= ROUNDING_MOVES, f"test images {positions[moved].tolist()} are classified otherwise"
 
 
 @pytest.mark.tensorflow
-@pytest.mark.parametrize("name", SHIPPED[:1] or [NOTHING_SHIPPED])
-def test_exported_shipped_network_classifies_real_images_as_keras(cifar_folder, tmp_path, name):
+@pytest.mark.parametrize(
+    "dataset, name",
+    [shipped_param(*next(pair for pair in SHIPPED if pair[0] == dataset)) for dataset in {pair[0] for pair in SHIPPED}]
+    or [NOTHING_SHIPPED],
+)
+def test_exported_shipped_network_classifies_real_images_as_keras(request, tmp_path, dataset, name):
     import tensorflow as tf
 
     from keras_preact_training import export
     from keras_preact_training.data import input_tensorflow
 
+    folder = folder_of(request, dataset)
+    classes = pretrained.DATASETS[dataset]["classes"]
     paths = [
-        os.path.join(cifar_folder, "test", label, f"{index:04d}.png")
-        for label in pretrained.CIFAR10_CLASSES
-        for index in range(10)
+        os.path.join(folder, "test", label, f"{index:04d}.png")
+        for label in classes
+        for index in range(100 // len(classes))
     ]
-    version = export.export_shipped(name, output=str(tmp_path), verbose=False)
+    version = export.export_shipped(name, dataset, output=str(tmp_path), verbose=False)
     classified = export.classify(version, export.read_image_files(paths))
     pixels = np.stack([np.array(input_tensorflow.decode_image(tf.io.read_file(path), 3)) for path in paths])
-    model = keras_preact.get_model(name, weights="cifar10", include_preprocessing=True)
-    expected = keras_preact.decode_predictions(model.predict(pixels, verbose=0), top=1)
+    model = keras_preact.get_model(name, weights=dataset, include_preprocessing=True)
+    expected = keras_preact.decode_predictions(model.predict(pixels, verbose=0), top=1, dataset=dataset)
     assert [ranked[0][0] for ranked in classified] == [best[0][1] for best in expected]

@@ -219,6 +219,19 @@ def test_label_smoothing_by_hand():
     assert float(recipe.loss(0.1)(labels, logits)) == pytest.approx(expected.mean(), rel=1e-6)
 
 
+def test_the_cifar100_recipe_is_the_cifar10_zoos_with_its_own_normalization_and_cutout():
+    """cifar100_zoo: CIFAR-100's per-channel statistics (fb.resnet.torch) and Cutout of 8 x 8
+    (DeVries and Taylor's size for CIFAR-100), everything else the CIFAR-10 recipe's."""
+    cifar10, cifar100 = named_configs.CONFIGS["cifar10_zoo"], named_configs.CONFIGS["cifar100_zoo"]
+    changed = {
+        field.name: getattr(cifar100, field.name)
+        for field in dataclasses.fields(cifar100)
+        if getattr(cifar100, field.name) != getattr(cifar10, field.name)
+    }
+    assert changed == dict(cutout=8, normalization_mean=(129.3, 124.1, 112.4), normalization_std=(68.2, 65.4, 70.4))
+    assert named_configs.CONFIGS["cifar100_paper"].normalization_mean == (129.3, 124.1, 112.4)
+
+
 def test_the_weights_average_follows_each_step_of_the_coupled_update():
     """`average_momentum`: after every step w_avg <- m w_avg + (1 - m) w (w_avg starts at the
     first step's weights), through CoupledSGD's own update; finalize puts it in the model."""

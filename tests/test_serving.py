@@ -271,6 +271,37 @@ def serve_command(*arguments):
     )
 
 
+def test_serve_refuses_a_missing_model_or_a_busy_port_before_tensorflow_loads(tmp_path):
+    """Options, folder and port are checked before TensorFlow loads (here it cannot): a line each."""
+    hidden = os.path.join(ROOT, "tests", "without_tensorflow")
+    environment = {**os.environ, "PYTHONPATH": hidden, "KERAS_BACKEND": "tensorflow"}
+
+    def serve(*arguments):
+        return subprocess.run(
+            [KERAS_PREACT, "serve", *arguments], cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment
+        )
+
+    missing = serve(str(tmp_path / "nowhere"))
+    assert (missing.returncode, missing.stdout) == (2, "")
+    assert missing.stderr == (
+        f"error: No complete version folder with a SavedModel (<directory>/<number>/saved_model.pb and metadata.json) "
+        f"in {tmp_path / 'nowhere'}. Export one with `keras-preact export`. Received: {str(tmp_path / 'nowhere')!r}\n"
+    )
+    version = tmp_path / "model" / "1"
+    version.mkdir(parents=True)
+    for name in ("saved_model.pb", "metadata.json", "variables/variables.index"):  # a SavedModel's names
+        (version / name).parent.mkdir(exist_ok=True)
+        (version / name).write_text("{}")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        taken = serve(str(tmp_path / "model"), "--port", str(port))
+    assert (taken.returncode, taken.stdout) == (2, "")
+    assert taken.stderr.startswith(f"error: Cannot listen on 127.0.0.1:{port}: Address already in use")
+    assert len(taken.stderr.splitlines()) == 1
+
+
 def test_serve_start_errors_name_the_port_or_file(served, tmp_path):
     _, client, _, directory = served
     result = serve_command(str(directory), "--port", "99999")

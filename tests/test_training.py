@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+import keras_preact
 from keras_preact import base_layers
 from keras_preact_training import commands, plots
 from keras_preact_training.commands import arguments
@@ -519,7 +520,7 @@ def test_nan_loss_stops_cleanly(tmp_path, backend):
     "arguments, message",
     [
         (["--set", "dataset=folder", "--data-dir", "/nonexistent/cifar"], "Received: data_dir='/nonexistent/cifar'"),
-        (["--model", "resnet19"], "Unknown model. Choose one of"),
+        (["--model", "resnet19"], "Unknown model. Did you mean resnet18 or resnet164 or resnet152? Choose one of"),
         (["--config", "cifar11"], "Unknown config. Choose one of"),
         (
             ["--strategy", "mirrored", "--set", "cpu_devices=2", "--set", "batch_size=63"],
@@ -732,26 +733,83 @@ def test_a_run_resumes_from_a_checkpoint_of_the_other_batch_norm_path(tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
-def test_a_run_with_a_weights_average_evaluates_and_saves_the_average(tmp_path, backend):
-    """`average_momentum`: the steps are the plain run's (same deterministic losses), the
-    checkpoints keep the trained weights and the average (so a resumed run goes on with
-    both), and the network evaluated and saved is the average: its test error is the
-    saved model's on the test digits, and its weights differ from the plain run's."""
+def test_a_run_with_a_weights_average_evaluates_and_saves_it_beside_the_trained_network(tmp_path, backend):
+    """`average_momentum`: the steps are the plain run's (same deterministic losses and trained
+    network), the checkpoints keep the trained weights and the average (so a resumed run goes on
+    with both), every evaluation measures both, and the average is saved beside the trained
+    network: its test error is the saved average's on the test digits, its weights differ."""
     plain = run_training("--run-dir", str(tmp_path / "plain"), *SHORT, backend=backend)
     averaged = run_training(
         "--run-dir", str(tmp_path / "averaged"), *SHORT, "--set", "average_momentum=0.9", backend=backend
     )
     assert plain.returncode == 0 and averaged.returncode == 0, averaged.stderr[-3000:]
     assert logged_losses(tmp_path / "averaged") == logged_losses(tmp_path / "plain")
-    assert digest(averaged.stdout) != digest(plain.stdout)
+    assert digest(averaged.stdout) == digest(plain.stdout)
     with np.load(tmp_path / "averaged" / "checkpoints" / "ckpt-44.npz") as checkpoint:
         names = list(checkpoint.files)
-    model = keras.saving.load_model(tmp_path / "averaged" / "model.keras")
-    assert sum("average" in name for name in names) == len(model.trainable_variables)
+    average = keras.saving.load_model(tmp_path / "averaged" / "model_average.keras")
+    assert sum("average" in name for name in names) == len(average.trainable_variables)
+    rows = list(csv.DictReader((tmp_path / "averaged" / "log.csv").open()))
+    evaluated = [row for row in rows if row["test_error"]]
+    assert evaluated and all(row["average_test_error"] and row["average_test_loss"] for row in evaluated)
     test = datasets.load(DIGITS).test
-    predictions = np.argmax(model.predict(test.items.astype("float32"), verbose=0), axis=-1)
     summary = json.loads((tmp_path / "averaged" / "summary.json").read_text())
-    assert summary["test_error"] == pytest.approx(np.mean(predictions != test.labels), abs=1e-9)
+    plain_summary = json.loads((tmp_path / "plain" / "summary.json").read_text())
+    assert summary["test_error"] == plain_summary["test_error"] == float(evaluated[-1]["test_error"])
+    assert summary["average_test_error"] == pytest.approx(float(evaluated[-1]["average_test_error"]), abs=1e-12)
+    predictions = np.argmax(average.predict(test.items.astype("float32"), verbose=0), axis=-1)
+    assert summary["average_test_error"] == pytest.approx(np.mean(predictions != test.labels), abs=1e-9)
+    assert summary["average_weights_sha256"] != summary["weights_sha256"]
+    assert "(the weights' average: " in averaged.stdout
+
+
+@pytest.mark.parametrize("files", [["config.json", "summary.json", "curves.png"], ["log.csv"]], ids=["config", "log"])
+def test_train_refuses_a_folder_of_the_users_files_it_would_overwrite(tmp_path, files):
+    """A --run-dir that holds files of the names a run writes, but no run of ours: one line, exit 2,
+    every file as it was; a folder of other files only, or an empty one, trains."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for name in [*files, "notes.txt"]:
+        (folder / name).write_text(f"the user's {name}")
+    result = run_training("--run-dir", str(folder), *SHORT, "--set", "duration=1")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"error: {folder} is not a run of keras-preact train (no config.json of a run), yet it holds "
+        f"{', '.join(sorted(files))}, which training would overwrite: choose another --run-dir. "
+        f"Received: run_dir={str(folder)!r}\n"
+    )
+    assert {path.name: path.read_text() for path in folder.iterdir()} == {
+        name: f"the user's {name}" for name in [*files, "notes.txt"]
+    }
+    for name in files:
+        (folder / name).unlink()
+    assert run_training("--run-dir", str(folder), *SHORT, "--set", "duration=1").returncode == 0
+    assert (folder / "notes.txt").read_text() == "the user's notes.txt"
+
+
+def test_ctrl_c_ends_a_run_with_one_line_that_says_how_it_resumes(tmp_path):
+    """SIGINT (Ctrl-C) during training: exit 130 and one line on stderr, no traceback; the same
+    command then resumes from the last checkpoint."""
+    run_dir = tmp_path / "interrupted"
+    command = [KERAS_PREACT, "train", "--run-dir", str(run_dir), *SHORT, "--set", "duration=10"]
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 300
+    while not list((run_dir / "checkpoints").glob("ckpt-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    _, errors = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert errors.strip() == (
+        f"Interrupted (Ctrl-C): the run in {run_dir} keeps its last checkpoint; run the same command again to "
+        "resume from it, nothing trained before that checkpoint is lost."
+    )
+    assert not (run_dir / "summary.json").exists()
+    resumed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert re.search(r"Resuming from .*ckpt-\d+\S* at step \d+ of 220\.", resumed.stdout)
 
 
 def test_the_average_gets_batchnorm_statistics_of_its_own():
@@ -778,6 +836,40 @@ def test_seeds_report_median_and_spread(tmp_path):
     assert "Final test error over 2 seeds: median" in result.stdout
 
 
+@pytest.mark.parametrize("command", ["train", "evaluate", "export"])
+def test_a_misspelt_network_is_refused_with_the_nearest_names_before_tensorflow_loads(command):
+    """The network a command line names is checked before Keras or TensorFlow load (here they
+    cannot), the error suggests the nearest names; the library's own spelling is accepted."""
+    hidden = os.path.join(ROOT, "tests", "without_tensorflow")
+    environment = {**os.environ, "PYTHONPATH": hidden, "KERAS_BACKEND": "tensorflow"}
+    extra = {"train": ["--config", "digits_demo"], "evaluate": [], "export": ["--weights", "cifar10"]}[command]
+    result = subprocess.run(
+        [KERAS_PREACT, command, *extra, "--model", "resnet56x"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: Unknown model. Did you mean resnet56 or resnet50")
+    assert line.endswith("resnet56, resnet56_original. Received: model='resnet56x'")
+    from keras_preact_training.commands import arguments
+
+    assert [
+        arguments.model_name(name) for name in ("ResNet20", "resnet-56", "ResNet110OneLayer", "resnet164_original")
+    ] == [
+        "resnet20",
+        "resnet56",
+        "resnet110_1layer",
+        "resnet164_original",
+    ]
+    from keras_preact import architectures
+
+    assert architectures.model_names() == keras_preact.list_models()
+
+
 def test_help_configs_and_argument_errors_answer_without_tensorflow():
     """`--help`, `configs` and argparse's errors import neither TensorFlow nor Keras."""
     script = (
@@ -795,9 +887,11 @@ def test_help_configs_and_argument_errors_answer_without_tensorflow():
 
 
 def test_commands_print_no_tensorflow_log_lines(tmp_path):
-    """evaluate loads TensorFlow, then refuses a missing weights file before it reads the data."""
+    """evaluate loads TensorFlow, then refuses a corrupt weights file: its one line alone."""
     root = image_folder_of(tmp_path / "images", FOLDER)
-    weights = str(tmp_path / "missing.weights.h5")
+    weights = str(tmp_path / "corrupt.weights.h5")
+    with open(weights, "wb") as file:
+        file.write(b"not an HDF5 file")
     result = subprocess.run(
         [KERAS_PREACT, "evaluate", "--model", "resnet20", "--weights", weights, "--data-dir", str(root)],
         cwd=ROOT,
@@ -807,10 +901,11 @@ def test_commands_print_no_tensorflow_log_lines(tmp_path):
         env={name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"},
     )
     assert result.returncode == 2
-    assert result.stderr.splitlines() == [
-        "error: weights must be the path of a .weights.h5 file saved from resnet20, "
-        f"or one of ['cifar10']. Received: weights={weights!r}"
-    ]
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(
+        f"error: Could not load the weights file {weights} into resnet20: a file saved from another network, "
+        "or a truncated or corrupt one ("
+    )
     verbose = subprocess.run(
         [KERAS_PREACT, "evaluate", "--verbose", "--model", "resnet20", "--weights", weights, "--data-dir", str(root)],
         cwd=ROOT,

@@ -2,7 +2,8 @@
 the command checks before TensorFlow loads, imports TensorFlow where the command needs it,
 checks Keras' backend and runs the command's module (`commands`). Bad input exits with 2, a
 diverged run with 3, a run whose checkpoints are all unreadable with 4, a process of a
-data-parallel run whose peer ended with 5, each with one line that says why."""
+data-parallel run whose peer ended with 5, each with one line that says why; Ctrl-C ends any
+command with one line and 130, as a shell reports SIGINT."""
 
 import os
 import shlex
@@ -27,6 +28,15 @@ def main(argv=None):
         return command.run(arguments)
     except Exception as error:
         return exit_code(error)
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        what = command.interrupted(arguments) if hasattr(command, "interrupted") else ""
+        print(f"\nInterrupted (Ctrl-C){what}.", file=sys.stderr, flush=True)
+        return INTERRUPTED
+
+
+# A command ended by Ctrl-C (SIGINT) exits as a shell reports it: 128 + 2.
+INTERRUPTED = 130
 
 
 def exit_code(error):

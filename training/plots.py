@@ -20,7 +20,8 @@ def evaluated_split(rows):
 
 def training_curves(csv_path, png_path, title=""):
     """Test (or validation) error (%, solid, left axis) and training loss (dashed, right axis) against
-    iterations, as the paper draws them. Returns `png_path`."""
+    iterations, as the paper draws them, and the weights' average's error where the run kept one.
+    Returns `png_path`."""
     rows = read_log(csv_path)
     figure, error_axis = plt.subplots(figsize=(7, 4.5), dpi=120)
     loss_axis = error_axis.twinx()
@@ -39,6 +40,16 @@ def training_curves(csv_path, png_path, title=""):
         marker="o" if len(evaluated) < 30 else None,
         label=f"{split} error",
     )
+    averaged = [row for row in evaluated if row.get(f"average_{split}_error")]
+    if averaged:  # a run that kept a weights' average: its error beside the trained weights'
+        error_axis.plot(
+            [int(row["step"]) for row in averaged],
+            [100 * float(row[f"average_{split}_error"]) for row in averaged],
+            "-",
+            color="tab:green",
+            linewidth=1.5,
+            label=f"{split} error, weights' average",
+        )
     error_axis.set_xlabel("iterations")
     error_axis.set_ylabel(f"{split} error (%)")
     loss_axis.set_ylabel("training loss")

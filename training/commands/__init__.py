@@ -74,7 +74,7 @@ def parser():
     common.add_argument(
         "--verbose",
         action="store_true",
-        help="show TensorFlow's C++ and absl log lines (hidden by default); serve: log every request",
+        help="show TensorFlow's C++ and absl log lines (hidden by default)",
     )
     subcommands = main.add_subparsers(dest="command", required=True)
     for name in COMMANDS:

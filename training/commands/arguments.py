@@ -1,8 +1,11 @@
-"""What the commands that train share (`train`, `tune`): the config their arguments name, and
-the checks made of it before anything heavy loads."""
+"""What the commands share: the network a command line names, and for those that train
+(`train`, `tune`) the config their arguments name; each checked before anything heavy loads."""
 
 import dataclasses
+import difflib
 import sys
+
+from keras_preact import architectures
 
 from ..data import cifar10_folder
 
@@ -19,16 +22,26 @@ def config_from(arguments):
     if getattr(arguments, "built_config", None) is None:
         config = named_configs.get_config(arguments.config, arguments.set)
         flags = {field: getattr(arguments, field) for field in CONFIG_FLAGS if getattr(arguments, field) is not None}
-        arguments.built_config = dataclasses.replace(config, **flags)
+        config = dataclasses.replace(config, **flags)
+        arguments.built_config = dataclasses.replace(config, model=model_name(config.model))
     return arguments.built_config
 
 
-def check_model(config):
-    """Raises ValueError for a model name that `keras_preact.MODELS` does not hold (imports Keras)."""
-    import keras_preact
+def model_name(name):
+    """The registered network (`keras_preact.list_models()`) that `name` names: the name itself, or
+    the library's own spelling of it ("ResNet20", "ResNet110OneLayer", "resnet-56"). Keras is not
+    imported, so that the error comes in a fraction of a second.
 
-    if config.model not in keras_preact.MODELS:
-        raise ValueError(f"Unknown model. Choose one of {keras_preact.list_models()}. Received: model={config.model!r}")
+    Raises:
+        ValueError: for any other name, suggesting the nearest names.
+    """
+    names = architectures.model_names()
+    spelled = str(name).lower().replace("-", "").replace("onelayer", "_1layer")
+    if spelled in names:
+        return spelled
+    nearest = difflib.get_close_matches(spelled, names, n=3, cutoff=0.6)
+    suggestion = f" Did you mean {' or '.join(nearest)}?" if nearest else ""
+    raise ValueError(f"Unknown model.{suggestion} Choose one of {', '.join(names)}. Received: model={name!r}")
 
 
 def check_config_data(arguments):

@@ -2,11 +2,13 @@
 (SavedModel, ONNX, LiteRT), reloaded and checked."""
 
 from .. import export
+from ..data import cifar10_folder
+from .arguments import model_name
 
 HELP = "export a trained run or shipped weights as a SavedModel for TF Serving, then check it"
 DESCRIPTION = (
     "Export the model of a finished training run (--run-dir), or a network with keras-preact's "
-    "shipped weights (--model, --weights cifar10), to <output>/<name>/<version>/ with the signatures "
+    "shipped weights (--model, --weights cifar10 or cifar100), to <output>/<name>/<version>/ with the signatures "
     "serving_default (encoded images), predict_pixels (uint8) and predict_normalized (float), and "
     "metadata.json; reload it and print its classes for --images, or else for the first test image of the "
     "run's data."
@@ -18,7 +20,7 @@ BACKENDS = ("tensorflow",)
 def add_arguments(parser):
     parser.add_argument("--run-dir", help="a finished run of `keras-preact train`")
     parser.add_argument("--model", help="a network with shipped weights, e.g. resnet20 (with --weights)")
-    parser.add_argument("--weights", choices=["cifar10"], help="the shipped weights of --model")
+    parser.add_argument("--weights", choices=list(cifar10_folder.FOLDERS), help="the shipped weights of --model")
     parser.add_argument(
         "--images",
         nargs="+",
@@ -71,6 +73,12 @@ def add_arguments(parser):
         help="export the network as it trains, with BatchNorm after each convolution "
         "(default: BatchNorm folded into the convolution before it, the same outputs)",
     )
+
+
+def check(arguments):
+    """The network, checked before TensorFlow loads."""
+    if arguments.model is not None:
+        arguments.model = model_name(arguments.model)
 
 
 def run(arguments):

@@ -1,10 +1,10 @@
-"""`keras-preact publish`: a finished CIFAR-10 run's network into the model zoo."""
+"""`keras-preact publish`: a finished CIFAR-10 or CIFAR-100 run's network into the model zoo."""
 
-HELP = "put a finished CIFAR-10 run's network into the model zoo (keras_preact/weights)"
+HELP = "put a finished CIFAR-10 or CIFAR-100 run's network into the model zoo (keras_preact/weights)"
 DESCRIPTION = (
-    "Save the network of a finished CIFAR-10 run as keras_preact/weights/cifar10_<name>.weights.h5 "
-    "and register it (SHA-256, test error of the saved file, the run's config, command and hours), so that "
-    "keras_preact.get_model(name, weights='cifar10') loads it."
+    "Save the network of a finished CIFAR-10 or CIFAR-100 run as keras_preact/weights/<cifar10 or "
+    "cifar100>_<name>.weights.h5 and register it (SHA-256, test error of the saved file, the run's config, "
+    "command and hours), so that keras_preact.get_model(name, weights='cifar10') (or 'cifar100') loads it."
 )
 TENSORFLOW = "always"
 BACKENDS = None
@@ -19,6 +19,13 @@ def add_arguments(parser):
         type=float,
         help="the network's training rate measured alone on the machine that trained it "
         "(python bench/training_throughput.py): the entry records the hours alone",
+    )
+    parser.add_argument(
+        "--weights",
+        default="final",
+        choices=["final", "average"],
+        help="the run's trained weights (default), or the weights' average it kept (--set average_momentum=...); "
+        "the entry keeps the trained weights' errors too",
     )
     parser.add_argument(
         "--another-seed",
@@ -42,7 +49,11 @@ def run(arguments):
         )
         return 0
     entry = zoo.publish(
-        arguments.run_dir, arguments.name, arguments.data_dir, images_per_second=arguments.images_per_second
+        arguments.run_dir,
+        arguments.name,
+        arguments.data_dir,
+        images_per_second=arguments.images_per_second,
+        weights=arguments.weights,
     )
     print(
         f"Published {arguments.name}: {entry['file']} ({entry['bytes'] / 2**20:.1f} MB, sha256 "

@@ -3,6 +3,11 @@
 from .. import export, serving
 
 HELP = "send image files to a TF Serving REST endpoint, print top-k classes"
+DESCRIPTION = (
+    "Send image files (JPEG, PNG, GIF, BMP) to a model served by `keras-preact serve` or TF Serving, through "
+    "its REST API (POST /v1/models/<model>:predict, the images base64-encoded), and print each image's top-k "
+    "classes with their probabilities. Needs neither TensorFlow nor Keras."
+)
 TENSORFLOW = "never"
 BACKENDS = None
 

@@ -5,7 +5,8 @@ from .. import export, serving
 HELP = "serve an exported model over TF Serving's REST API"
 DESCRIPTION = (
     "Serve the highest version of a model folder at /v1/models/<name> with TF Serving's REST "
-    'API (GET status and metadata, POST :predict with instances or inputs, images as {"b64": ...}).'
+    'API (GET status and metadata, POST :predict with instances or inputs, images as {"b64": ...}); '
+    "--verbose also logs every request."
 )
 # TensorFlow only where the runtime chosen is TensorFlow's (`run`): the onnxruntime one never imports it.
 TENSORFLOW = "never"
@@ -70,6 +71,25 @@ def add_arguments(parser):
         help="run every request alone (by default, requests that wait while the network is "
         "busy run together as one batch)",
     )
+
+
+def check(arguments):
+    """The options, the model's folder and the port, checked before TensorFlow loads (a second,
+    not eight): a folder with a complete version for some runtime, and an address to listen on."""
+    from ..export import contract
+    from ..serving import server
+
+    server.check_options(arguments.port, arguments.max_in_flight, arguments.max_body_memory, arguments.request_timeout)
+
+    missing = []
+    for served in server.runtime_formats().values():
+        try:
+            contract.latest_version(arguments.model_dir, served.name, "float32")
+        except FileNotFoundError as error:
+            missing.append(error)
+    if len(missing) == len(server.runtime_formats()):
+        raise missing[0]  # the SavedModel's, the default format
+    server.listening_socket(arguments.host, arguments.port).close()
 
 
 def run(arguments):

@@ -6,7 +6,7 @@ import json
 import os
 import statistics
 
-from .arguments import check_config_data, check_model, config_from
+from .arguments import check_config_data, config_from
 
 HELP = "train a network (resumes from the run directory's last checkpoint)"
 DESCRIPTION = (
@@ -71,11 +71,28 @@ def add_arguments(parser):
 check = check_config_data
 
 
+def run_folder(arguments, model):
+    """The run's folder: --run-dir, or runs/<config>-<model>."""
+    return arguments.run_dir or os.path.join("runs", f"{arguments.config}-{model}")
+
+
+def interrupted(arguments):
+    """What Ctrl-C's line says: how the run goes on (a checkpoint is written whole or not at all)."""
+    try:
+        model = config_from(arguments).model
+    except ValueError:
+        model = arguments.model
+    folder = run_folder(arguments, model)
+    return (
+        f": the run in {folder} keeps its last checkpoint; run the same command again to resume from it, "
+        "nothing trained before that checkpoint is lost"
+    )
+
+
 def run(arguments):
     from ..train import data_parallel
 
     config = config_from(arguments)
-    check_model(config)
     if config.strategy == "data_parallel":  # before any computation: JAX's distributed runtime first
         data_parallel.initialize(arguments.coordinator, arguments.processes, arguments.process_id)
     elif arguments.coordinator is not None or arguments.processes is not None or arguments.process_id is not None:
@@ -83,7 +100,7 @@ def run(arguments):
             "--coordinator, --processes and --process-id are --strategy data_parallel's (under KERAS_BACKEND=jax). "
             f"Received: strategy={config.strategy!r}"
         )
-    run_dir = arguments.run_dir or os.path.join("runs", f"{arguments.config}-{config.model}")
+    run_dir = run_folder(arguments, config.model)
     if arguments.seeds < 1:
         raise ValueError(f"--seeds must be at least 1. Received: --seeds {arguments.seeds}")
     train_seeds(config, run_dir, arguments.seeds, arguments.command_line, arguments.allow_config_changes)

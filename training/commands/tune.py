@@ -4,7 +4,7 @@ trained and tested."""
 import os
 
 from .. import experiments
-from .arguments import check_config_data, check_model, config_from
+from .arguments import check_config_data, config_from
 
 HELP = "search the gates' bias b_g (Table 1) with keras-tuner, then train and test the best"
 DESCRIPTION = (
@@ -84,7 +84,6 @@ def run(arguments):
     from ..experiments import tune_processes
 
     config = config_from(arguments)
-    check_model(config)
     tune_processes.distribute(arguments.chief, arguments.worker, arguments.worker_id)  # before TensorFlow loads
 
     from ..experiments import tune

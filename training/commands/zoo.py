@@ -2,16 +2,30 @@
 
 HELP = "print the model zoo's table: the shipped networks, their test error beside the published"
 DESCRIPTION = (
-    "Print, as Markdown, every network with shipped CIFAR-10 weights: unit, parameters, final "
-    "test error on the 10,000 test images beside the paper's and two reimplementations' (the mean and "
-    "standard deviation where the registry holds several seeds), training hours, recipe, file size and "
-    "SHA-256 (from keras_preact/weights/registry.json)."
+    "Print, as a Markdown table that a terminal of 100 columns shows, every network with shipped CIFAR-10 (or "
+    "--dataset cifar100) weights: unit, parameters, final test error on the 10,000 test images single crop and "
+    "with the flip (the mean and standard deviation where the registry holds several seeds) beside the paper's, "
+    "hours alone and data; --wide adds the reimplementations' errors, training-set error, recipe, file size and "
+    "SHA-256, --csv gives every figure as CSV (from keras_preact/weights/registry.json)."
 )
 TENSORFLOW = "always"
 BACKENDS = None
 
 
 def add_arguments(parser):
+    parser.add_argument(
+        "--dataset",
+        default="cifar10",
+        choices=["cifar10", "cifar100"],
+        help="the data set's networks (default: cifar10)",
+    )
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column (recipe, training-set error, file, ...), as docs/zoo.md has it",
+    )
+    form.add_argument("--csv", action="store_true", help="every figure as CSV, for a spreadsheet")
     parser.add_argument(
         "--units",
         action="store_true",
@@ -23,5 +37,15 @@ def add_arguments(parser):
 def run(arguments):
     from ..experiments import zoo_tables
 
-    print(zoo_tables.unit_comparison_table() if arguments.units else zoo_tables.markdown_table())
+    if arguments.units:
+        table = zoo_tables.unit_comparison_table
+    else:
+        table = (
+            zoo_tables.csv_table
+            if arguments.csv
+            else zoo_tables.markdown_table
+            if arguments.wide
+            else zoo_tables.short_table
+        )
+    print(table(dataset=arguments.dataset))
     return 0

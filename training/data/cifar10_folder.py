@@ -1,5 +1,5 @@
-"""The CIFAR-10 image folder that the docs' commands, the tests and the zoo's queue read, and
-`keras-preact data`, which makes it from an archive.
+"""The CIFAR-10 and CIFAR-100 image folders that the docs' commands, the tests and the zoo's
+queue read, and `keras-preact data`, which makes them from an archive.
 
 An image folder is `DIR/train/<class>/<image>` and `DIR/test/<class>/<image>`: one folder
 per class in each split, the layout of `keras.utils.image_dataset_from_directory` and
@@ -7,28 +7,40 @@ per class in each split, the layout of `keras.utils.image_dataset_from_directory
 evaluates on. The zoo's networks are trained and measured on CIFAR-10 with its original
 pixels in this layout, as PNG files (60,000 images: `cifar10-png.tar.xz`, 137 MB, or made
 from CIFAR-10's own release for Python, `cifar-10-python.tar.gz`, by `cifar_release`), kept
-in `CIFAR10_FOLDER`.
+in `CIFAR10_FOLDER`; CIFAR-100's likewise (`cifar100-png.tar.xz` or `cifar-100-python.tar.gz`)
+in `CIFAR100_FOLDER`. `keras-preact data` names the folder it makes by what the archive holds
+(`folder_name`).
 """
 
 import contextlib
 import fcntl
 import lzma
 import os
+import shutil
 import stat
 import tarfile
 import tempfile
 import zipfile
 import zlib
 
-from . import cifar10_release
+from . import cifar_release
 from .images import IMAGE_SUFFIXES
 
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "keras-preact")
 CIFAR10_FOLDER = os.path.join(CACHE, "cifar10-png")
+CIFAR100_FOLDER = os.path.join(CACHE, "cifar100-png")
+# Where `evaluate` reads each data set of shipped weights by default.
+FOLDERS = {"cifar10": CIFAR10_FOLDER, "cifar100": CIFAR100_FOLDER}
+# The suffixes an archive's name may end with, dropped to name the folder of an archive
+# whose image folder is at its top.
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tar", ".zip")
+# The prefix of the scratch folder an extraction writes beside its destination: a folder of this
+# name that no extraction holds (its process killed) is removed by the next.
+SCRATCH_PREFIX = ".keras-preact-extracting-"
 LAYOUT = "DIR/train/<class>/<image> and DIR/test/<class>/<image>, one folder per class"
 ROUTE = (
     f"an image folder ({LAYOUT}; `keras-preact data ARCHIVE` makes {CIFAR10_FOLDER} from an archive of one "
-    "or from cifar-10-python.tar.gz, docs/training.md#data)"
+    "or from cifar-10-python.tar.gz, and the cifar100-png folder beside it from CIFAR-100's, docs/training.md#data)"
 )
 
 
@@ -39,9 +51,57 @@ def check_folder(folder):
         raise FileNotFoundError(f"dataset=folder needs --data-dir to be {ROUTE}. Received: data_dir={folder!r}")
 
 
-def or_default(data_dir):
-    """`data_dir`, or where it is `None`, `CIFAR10_FOLDER`."""
-    return CIFAR10_FOLDER if data_dir is None else data_dir
+def or_default(data_dir, dataset="cifar10"):
+    """`data_dir`, or where it is `None`, the folder of `dataset` (a key of `FOLDERS`;
+    CIFAR-10's for any other)."""
+    return FOLDERS.get(dataset, CIFAR10_FOLDER) if data_dir is None else data_dir
+
+
+def folder_name(archive):
+    """The name of the folder `keras-preact data` makes from `archive`, by what it holds: the
+    image folder of a CIFAR release ("cifar10-png", "cifar100-png"), else the archive's top
+    folder, or for an image folder at the archive's top, the archive's name without its
+    suffix. Read from the archive's first member alone.
+
+    Raises:
+        FileNotFoundError: for an archive that does not exist.
+        ValueError: for a file that is no tar or zip archive, or an empty one.
+    """
+    check_archive(archive)
+    try:
+        if tarfile.is_tarfile(archive):
+            with tarfile.open(archive) as opened:
+                member = opened.next()
+                first, folder = (member.name, member.isdir()) if member is not None else (None, False)
+        elif zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as opened:
+                first = next(iter(opened.namelist()), None)
+                folder = first is not None and first.endswith("/")
+        else:
+            raise ValueError("it is neither a tar nor a zip archive")
+        if first is None:
+            raise ValueError("it is empty")
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, lzma.LZMAError, zlib.error, OSError, ValueError) as error:
+        raise ValueError(f"{archive} cannot be extracted: {error}. Received: {archive!r}") from None
+    parts = [part for part in first.replace("\\", "/").split("/") if part not in ("", ".")]
+    releases = {release.folder: release.image_folder for release in cifar_release.RELEASES}
+    if parts and parts[0] in releases:
+        return releases[parts[0]]
+    # A name that leaves the cache (".."), or hides there, is not taken: the archive's own is.
+    if parts and parts[0] not in ("train", "test") and not parts[0].startswith(".") and (len(parts) > 1 or folder):
+        return parts[0]
+    name = os.path.basename(archive)
+    suffix = next((suffix for suffix in ARCHIVE_SUFFIXES if name.lower().endswith(suffix)), "")
+    return name[: len(name) - len(suffix)] or name
+
+
+def check_archive(archive):
+    """Raises FileNotFoundError, saying what is expected, unless `archive` is a file."""
+    if not os.path.isfile(archive):
+        raise FileNotFoundError(
+            f"No archive at {archive}: an archive of an image folder ({LAYOUT}) or CIFAR-10's "
+            f"cifar-10-python.tar.gz or CIFAR-100's cifar-100-python.tar.gz is expected. Received: {archive!r}"
+        )
 
 
 def counts(folder):
@@ -56,12 +116,13 @@ def counts(folder):
 
 def extract(archive, destination=CIFAR10_FOLDER):
     """Makes the image folder `destination` from `archive`, once: a .tar, .tar.gz, .tar.xz, ...
-    or .zip holding train/ and test/ (at its top or in its one top folder), or CIFAR-10's
-    release for Python (`cifar-10-python.tar.gz`), whose batches become PNG files
-    (`cifar_release`). A destination marked done (`<destination>.done`) is left as it is;
+    or .zip holding train/ and test/ (at its top or in its one top folder), or CIFAR-10's or
+    CIFAR-100's release for Python (`cifar-10-python.tar.gz`, `cifar-100-python.tar.gz`), whose
+    batches become PNG files (`cifar_release`). A destination marked done (`<destination>.done`) is left as it is;
     a destination that exists without the mark is not this function's and is never
     touched: an error, unless it is an empty folder. Processes that extract at the same
-    time take turns (`<destination>.lock`); the files go to a temporary folder beside the
+    time take turns (a lock on the folder that holds the destination, no file of its own); the
+    files go to a temporary folder beside the
     destination, renamed into place when complete, so that nothing half-written is ever
     read as the data.
 
@@ -73,19 +134,17 @@ def extract(archive, destination=CIFAR10_FOLDER):
         FileExistsError: for a destination that exists, holds files and was not made here.
         ValueError: for a file that is not such an archive, or an archive without the layout.
     """
-    if not os.path.isfile(archive):
-        raise FileNotFoundError(
-            f"No archive at {archive}: an archive of an image folder ({LAYOUT}) or CIFAR-10's "
-            f"cifar-10-python.tar.gz is expected. Received: {archive!r}"
-        )
+    check_archive(archive)
     destination = os.path.abspath(os.path.expanduser(destination))
     os.makedirs(os.path.dirname(destination), exist_ok=True)
-    with open(destination + ".lock", "w") as lock:
+    lock = os.open(os.path.dirname(destination), os.O_RDONLY | os.O_DIRECTORY)
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_made(destination):
             return destination
         refuse_foreign(destination)
-        with tempfile.TemporaryDirectory(dir=os.path.dirname(destination), prefix=".extracting-") as scratch:
+        remove_stale_scratch(os.path.dirname(destination))
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(destination), prefix=SCRATCH_PREFIX) as scratch:
             unpack(archive, scratch)
             root = folder_within(scratch, archive)
             # The mark first: a folder at `destination` without it is then never one of ours.
@@ -95,10 +154,29 @@ def extract(archive, destination=CIFAR10_FOLDER):
                 if os.path.isdir(destination):
                     os.rmdir(destination)  # empty (`refuse_foreign`)
                 os.rename(root, destination)
+                # The scratch folder was private (0700); the data gets what mkdir would give it.
+                os.chmod(destination, 0o777 & ~current_umask())
             except BaseException:
                 os.remove(destination + ".done")
                 raise
+    finally:
+        os.close(lock)  # and the lock with it
     return destination
+
+
+def remove_stale_scratch(folder):
+    """Removes the scratch folders (`SCRATCH_PREFIX`) in `folder` that extractions killed before
+    their end left behind; called under the lock, when no extraction there holds one."""
+    for entry in os.scandir(folder):
+        if entry.name.startswith(SCRATCH_PREFIX) and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def current_umask():
+    """The process's umask (read by setting it, then put back)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
 
 
 def refuse_foreign(destination):
@@ -192,15 +270,16 @@ class Bound:
 
 def folder_within(scratch, archive):
     """The extracted image folder: `scratch` itself or its one top folder, or the image folder
-    written from the CIFAR-10 release found at either (`cifar_release`)."""
+    written from the CIFAR release found at either (`cifar_release`)."""
     entries = [entry.path for entry in os.scandir(scratch) if entry.is_dir()]
     for candidate in [scratch] + (entries if len(entries) == 1 else []):
-        if cifar10_release.is_release(candidate):
-            return cifar10_release.write_image_folder(candidate, os.path.join(scratch, ".images"))
+        release = cifar_release.release_in(candidate)
+        if release is not None:
+            return cifar_release.write_image_folder(candidate, release, os.path.join(scratch, ".images"))
         with contextlib.suppress(FileNotFoundError):
             check_folder(candidate)
             return candidate
     raise ValueError(
-        f"{archive} holds no image folder ({LAYOUT}) and no CIFAR-10 release (cifar-10-batches-py/) at its top "
-        f"or in its one top folder. Received: {archive!r}"
+        f"{archive} holds no image folder ({LAYOUT}) and no CIFAR release (cifar-10-batches-py/ or "
+        f"cifar-100-python/) at its top or in its one top folder. Received: {archive!r}"
     )

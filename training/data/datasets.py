@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 from .cifar10_folder import ROUTE, check_folder
-from .images import IMAGE_SUFFIXES
+from .images import IMAGE_SUFFIXES, image_names
 
 # Examples held back as the test split of the digits (the last 360 of scikit-learn's
 # 1,797, about 20 % and 33-37 of each class).
@@ -249,7 +249,7 @@ def image_folder(config):
         for label, name in enumerate(class_names):
             folder = os.path.join(root, split, name)
             files = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-            paths += [os.path.join(folder, file) for file in files if file.lower().endswith(IMAGE_SUFFIXES)]
+            paths += [os.path.join(folder, file) for file in image_names(folder, files)]
             if split == "train" and len(paths) == len(labels):
                 raise ValueError(
                     f"The class folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)}): "

@@ -12,6 +12,7 @@ of operations (tests/test_serving_onnx.py compares them pixel for pixel).
 """
 
 import io
+import os
 
 import numpy as np
 import simplejpeg
@@ -20,6 +21,26 @@ from PIL import Image
 # The file names of images, as image folders and calibration folders are read: the formats both
 # decoders read.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+
+
+def image_names(folder, names):
+    """The `names` in `folder` that end with an image suffix, each checked to be a regular file.
+
+    Raises:
+        ValueError: naming it, for one that is not (a FIFO, a socket, a device or a folder, where
+            reading would wait for a writer or never end).
+    """
+    images = [name for name in names if name.lower().endswith(IMAGE_SUFFIXES)]
+    for name in images:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise ValueError(
+                f"{path} is named like an image but is not a regular file (a FIFO, a socket, a device or a folder): "
+                f"move it out of the folder. Received: {path!r}"
+            )
+    return images
+
+
 # How encoded images reach the network's size: resized where their size differs (CIFAR,
 # the digits, image folders), or ImageNet's evaluation crop: the shorter side resized to
 # RESIZE_RATIO of the network's size, then the central square (He et al. 2016, section 4.2,

@@ -1,13 +1,15 @@
-"""`keras-preact publish`: a finished CIFAR-10 run into the model zoo.
+"""`keras-preact publish`: a finished CIFAR-10 or CIFAR-100 run into the model zoo.
 
-Writes the run's network as `keras_preact/weights/cifar10_<name>.weights.h5` (units as
-separate layers, whatever layout it trained in) and its entry in the registry
+Writes the run's network as `keras_preact/weights/<data set>_<name>.weights.h5` (units as
+separate layers, whatever layout it trained in; the trained weights, or where the run kept
+one and `weights="average"`, the weights' average, whose entry then keeps the trained
+weights' errors too, as `final_weights`) and its entry in the registry
 (`keras_preact/weights/registry.json`): the file's SHA-256 and size, the network, its
 test error as `keras-preact evaluate` measures it on the shipped file (which must
 agree with the run's own final evaluation), with the test-time flip and on the training
 images (inference mode: how well it fits what it learned from), the run's config,
 command as a user types it (`user_command`) and hours, the date and the library versions.
-Then `keras_preact.get_model(name, weights="cifar10")` loads it. A run of the same recipe
+Then `keras_preact.get_model(name, weights="cifar10")` (or "cifar100") loads it. A run of the same recipe
 with another seed joins the entry (`add_seed`, `keras-preact publish --another-seed`): its
 errors, not its weights.
 """
@@ -29,12 +31,22 @@ from .. import checked_files
 from ..data import datasets
 from ..train import configs, evaluate, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
-# What the zoo's networks train and are tested on, named by what it is (the networks trained
-# on the JPEG copy before say so in their own entries).
-DATA_DESCRIPTION = (
-    "CIFAR-10 (Krizhevsky, 2009) with its original pixels, as PNG files in folders of a class each "
-    "(`keras-preact data` makes them from cifar-10-python.tar.gz): 50,000 training and 10,000 test images"
-)
+# What the zoo's networks train and are tested on, by data set, named by what it is (the networks
+# trained on the JPEG copy before say so in their own entries).
+DATA_DESCRIPTIONS = {
+    "cifar10": (
+        "CIFAR-10 (Krizhevsky, 2009) with its original pixels, as PNG files in folders of a class each "
+        "(`keras-preact data` makes them from cifar-10-python.tar.gz): 50,000 training and 10,000 test images"
+    ),
+    "cifar100": (
+        "CIFAR-100 (Krizhevsky, 2009) with its original pixels, as PNG files in folders of a fine class each "
+        "(`keras-preact data` makes them from cifar-100-python.tar.gz): 50,000 training and 10,000 test images "
+        "of 100 classes"
+    ),
+}
+# Which of a run's networks is shipped: the trained weights, or the weights' average the run
+# kept (`Config.average_momentum`), by the file a finished run saves each in.
+WEIGHTS = {"final": "model.keras", "average": "model_average.keras"}
 
 
 def user_data_dir(data_dir):
@@ -75,11 +87,13 @@ AGREEMENT = 0.001
 MAXIMUM_BYTES = 16 * 2**20
 
 
-def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=None, images_per_second=None):
-    """Publishes the network of the finished run in `run_dir` as `name`'s CIFAR-10 weights.
+def publish(
+    run_dir, name, data_dir=None, weights_directory=None, registry_file=None, images_per_second=None, weights="final"
+):
+    """Publishes the network of the finished run in `run_dir` as `name`'s weights for its data set.
 
     Args:
-        run_dir: a finished run of `keras-preact train` on CIFAR-10 (all 50,000
+        run_dir: a finished run of `keras-preact train` on CIFAR-10 or CIFAR-100 (all 50,000
             training images, tested on the test set).
         name: the network's name in `keras_preact.list_models()` ("resnet20", "resnet20_original", ...).
         data_dir: the run's data directory (CIFAR-10 image folders or tensorflow-datasets'),
@@ -89,22 +103,31 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
             trained it (`python bench/training_throughput.py`), where the run shared its
             cores: the entry then records the hours the run's images take at that rate
             (`hours_alone`) beside the run's own wall-clock `training_hours`.
+        weights: "final" (the trained weights) or "average" (the weights' average of a run
+            that kept one; the entry's `final_weights` then holds the trained weights' errors).
 
     Returns:
         The registry entry.
 
     Raises:
-        ValueError: for a run that is not a finished CIFAR-10 run of that network, or a
-            shipped file whose test error disagrees with the run's.
+        ValueError: for a run that is not a finished CIFAR-10 or CIFAR-100 run of that network,
+            `weights="average"` for a run that kept no average, or a shipped file whose test
+            error disagrees with the run's.
         FileNotFoundError: for a missing run.
     """
     check_images_per_second(images_per_second)
-    summary = finished_run(run_dir)
+    summary, dataset = finished_run(run_dir)
+    check_weights(weights, summary, run_dir)
     config = summary["config"]
-    path, shipped = save_network(run_dir, name, weights_directory or pretrained.WEIGHTS_DIRECTORY)
+    path, shipped = save_network(run_dir, name, weights_directory or pretrained.WEIGHTS_DIRECTORY, dataset, weights)
     size = os.path.getsize(path)
     try:
-        errors = measure(name, path, summary, data_dir)
+        errors = measure(name, path, summary, data_dir, weights)
+        if weights == "average":
+            with tempfile.TemporaryDirectory() as directory:
+                final_path, _ = save_network(run_dir, name, directory, dataset, "final")
+                final = measure(name, final_path, summary, data_dir, "final")
+            errors["final_weights"] = {key: final[key] for key in ("test_error", "flip_test_error", "train_error")}
     except ValueError:
         os.remove(path)
         raise
@@ -113,8 +136,9 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
         sha256=checksums.sha256(path),
         bytes=size,
         parameters=sum(int(np.prod(weight.shape)) for weight in shipped.trainable_weights),
+        weights=weights,
         **errors,
-        data=DATA_DESCRIPTION,
+        data=DATA_DESCRIPTIONS[dataset],
         command=user_command(summary.get("command")),
         config=dict(config, data_dir=user_data_dir(config.get("data_dir"))),
         **hours(summary, images_per_second),
@@ -127,8 +151,19 @@ def publish(run_dir, name, data_dir=None, weights_directory=None, registry_file=
             python=platform.python_version(),
         ),
     )
-    register(registry_file or pretrained.REGISTRY_FILE, name, entry)
+    register(registry_file or pretrained.REGISTRY_FILE, dataset, name, entry)
     return entry
+
+
+def check_weights(weights, summary, run_dir):
+    """Raises a ValueError unless `weights` is a key of `WEIGHTS` that the run saved."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {sorted(WEIGHTS)}. Received: weights={weights!r}")
+    if weights == "average" and "average_test_error" not in summary:
+        raise ValueError(
+            f"The run in {run_dir} kept no weights' average (train with --set average_momentum=...). "
+            f"Received: weights={weights!r}"
+        )
 
 
 def add_seed(run_dir, name, data_dir=None, registry_file=None, images_per_second=None):
@@ -152,8 +187,8 @@ def add_seed(run_dir, name, data_dir=None, registry_file=None, images_per_second
     """
     check_images_per_second(images_per_second)
     registry_file = registry_file or pretrained.REGISTRY_FILE
-    summary = finished_run(run_dir)
-    entry = pretrained.registry(registry_file).get("cifar10", {}).get(name) if os.path.isfile(registry_file) else None
+    summary, dataset = finished_run(run_dir)
+    entry = pretrained.registry(registry_file).get(dataset, {}).get(name) if os.path.isfile(registry_file) else None
     if entry is None:
         raise ValueError(
             f"name must be a network with a registry entry, whose recipe the run trained with another seed "
@@ -161,7 +196,7 @@ def add_seed(run_dir, name, data_dir=None, registry_file=None, images_per_second
         )
     config = dict(summary["config"], data_dir=user_data_dir(summary["config"].get("data_dir")))
     differences = recipe_differences(entry["config"], config, apart_from=("seed",))
-    if entry["data"] != DATA_DESCRIPTION:
+    if entry["data"] != DATA_DESCRIPTIONS[dataset]:
         differences.append("data")
     if differences:
         raise ValueError(
@@ -174,9 +209,11 @@ def add_seed(run_dir, name, data_dir=None, registry_file=None, images_per_second
             f"{name}'s entry holds seed {seed_of(config)} already (its seeds: {seeds}); the run must have another. "
             f"Received: run_dir={run_dir!r}"
         )
+    weights = entry.get("weights", "final")
+    check_weights(weights, summary, run_dir)
     with tempfile.TemporaryDirectory() as directory:
-        path, _ = save_network(run_dir, name, directory)
-        errors = measure(name, path, summary, data_dir)
+        path, _ = save_network(run_dir, name, directory, dataset, weights)
+        errors = measure(name, path, summary, data_dir, weights)
     for shipped_file_only in ("per_class_accuracy", "test_predictions"):
         errors.pop(shipped_file_only)
     entry.setdefault("other_seeds", []).append(
@@ -188,7 +225,7 @@ def add_seed(run_dir, name, data_dir=None, registry_file=None, images_per_second
             date=datetime.date.today().isoformat(),
         )
     )
-    register(registry_file, name, entry)
+    register(registry_file, dataset, name, entry)
     return entry
 
 
@@ -242,11 +279,12 @@ def check_images_per_second(images_per_second):
         )
 
 
-def measure(name, path, summary, data_dir=None):
-    """The errors of `name`'s weights file `path` (saved from the run of `summary`) on the run's
+def measure(name, path, summary, data_dir=None, weights="final"):
+    """The errors of `name`'s weights file `path` (saved from the run of `summary`: its trained
+    network, or with `weights="average"` its weights' average) on the run's
     data (or `data_dir`): on the test images in float32, single crop and with the flip, its
-    per-class accuracy and the class it gives each test image (`test_predictions`, a digit an
-    image in the test split's order: what a check on a few of the images compares with), and
+    per-class accuracy and the class it gives each test image (`test_predictions`, the class
+    ids as digits, `prediction_text`: one an image for CIFAR-10, two for CIFAR-100, an image in the test split's order: what a check on a few of the images compares with), and
     on the training images in inference mode.
 
     Raises:
@@ -264,10 +302,11 @@ def measure(name, path, summary, data_dir=None):
         if precision == "float32"
         else evaluate.evaluate(name, path, config["dataset"], data_dir, precision=precision)
     )
-    if abs(as_run["error"] - summary["test_error"]) > AGREEMENT:
+    run_error = summary["average_test_error" if weights == "average" else "test_error"]
+    if abs(as_run["error"] - run_error) > AGREEMENT:
         raise ValueError(
             f"The shipped file's test error in the run's precision, {precision} ({100 * as_run['error']:.2f} %), "
-            f"differs from the run's ({100 * summary['test_error']:.2f} %): the network or its preprocessing is not "
+            f"differs from the run's ({100 * run_error:.2f} %): the network or its preprocessing is not "
             f"the run's."
         )
     training_set = evaluate.evaluate(name, path, config["dataset"], data_dir, split="train")
@@ -276,16 +315,31 @@ def measure(name, path, summary, data_dir=None):
         flip_test_error=round(result["flip_error"], 6),
         train_error=round(training_set["error"], 6),
         per_class_accuracy={label: round(value, 4) for label, value in result["per_class_accuracy"].items()},
-        test_predictions="".join(str(label) for label in result["predictions"]),
+        test_predictions=prediction_text(result["predictions"], len(result["per_class_accuracy"])),
     )
 
 
+def prediction_text(predictions, classes):
+    """The class ids of `predictions` as one string of digits, each id padded to the digits of
+    `classes - 1` (one for CIFAR-10, two for CIFAR-100): how the registry keeps them small."""
+    width = len(str(classes - 1))
+    return "".join(f"{int(label):0{width}d}" for label in predictions)
+
+
+def predictions_of(text, classes):
+    """The class ids of a `prediction_text` string, as an int64 array."""
+    width = len(str(classes - 1))
+    return np.array([int(text[index : index + width]) for index in range(0, len(text), width)], "int64")
+
+
 def finished_run(run_dir):
-    """The summary of the finished CIFAR-10 run in `run_dir`, checked to be one the zoo publishes.
+    """(summary, data set: "cifar10" or "cifar100") of the finished run in `run_dir`, checked to be
+    one the zoo publishes.
 
     Raises:
         FileNotFoundError: for a missing run.
-        ValueError: for a run that held out a validation split, used a subset, or is not CIFAR-10.
+        ValueError: for a run that held out a validation split, used a subset, or is not on
+            CIFAR-10 or CIFAR-100.
     """
     summary_path = os.path.join(run_dir, "summary.json")
     if not os.path.isfile(summary_path):
@@ -299,33 +353,35 @@ def finished_run(run_dir):
         problems.append("it held out a validation split (zoo networks train on the whole training set)")
     if config.get("train_examples") is not None or config.get("test_examples") is not None:
         problems.append("it used a subset of the data")
-    if summary["class_names"] != list(pretrained.CIFAR10_CLASSES) or tuple(summary["image_shape"]) != (32, 32, 3):
-        problems.append("its data set is not CIFAR-10")
+    dataset = pretrained.dataset_of(summary["class_names"])
+    if dataset is None or tuple(summary["image_shape"]) != (32, 32, 3):
+        problems.append("its data set is neither CIFAR-10 nor CIFAR-100")
     if problems:
         raise ValueError(
-            f"Only finished CIFAR-10 runs are published; {run_dir} is not: {'; '.join(problems)}. "
+            f"Only finished CIFAR-10 and CIFAR-100 runs are published; {run_dir} is not: {'; '.join(problems)}. "
             f"Received: run_dir={run_dir!r}"
         )
-    return summary
+    return summary, dataset
 
 
-def save_network(run_dir, name, weights_directory):
-    """(path, network) of the run's network saved as `weights_directory/cifar10_<name>.weights.h5`,
-    its units as separate layers, whatever layout it trained in.
+def save_network(run_dir, name, weights_directory, dataset="cifar10", weights="final"):
+    """(path, network) of the run's network (`weights`: its trained one, or "average") saved as
+    `weights_directory/<dataset>_<name>.weights.h5`, its units as separate layers, whatever
+    layout it trained in.
 
     Raises:
         ValueError: where `name` is not the run's network, or the file passes `MAXIMUM_BYTES`.
     """
-    network = keras.saving.load_model(os.path.join(run_dir, "model.keras")).layers[-1]
+    network = keras.saving.load_model(os.path.join(run_dir, WEIGHTS[weights])).layers[-1]
     if network.name != name or name not in keras_preact.MODELS:
         raise ValueError(
             f"name must be the run's network, {network.name!r}, a name of keras_preact.list_models(). "
             f"Received: name={name!r}"
         )
-    shipped = keras_preact.get_model(name, classes=len(pretrained.CIFAR10_CLASSES))
+    shipped = keras_preact.get_model(name, classes=len(pretrained.DATASETS[dataset]["classes"]))
     keras_preact.copy_weights(network, shipped)
     os.makedirs(weights_directory, exist_ok=True)
-    path = os.path.join(weights_directory, f"cifar10_{name}.weights.h5")
+    path = os.path.join(weights_directory, f"{dataset}_{name}.weights.h5")
     shipped.save_weights(path)
     size = os.path.getsize(path)
     if size > MAXIMUM_BYTES:
@@ -349,12 +405,12 @@ def hours(summary, images_per_second):
     return recorded
 
 
-def register(registry_file, name, entry):
-    """Writes `entry` as `name`'s CIFAR-10 entry of the registry file."""
+def register(registry_file, dataset, name, entry):
+    """Writes `entry` as `name`'s entry for `dataset` in the registry file."""
     registry = {}
     if os.path.isfile(registry_file):
         registry = checked_files.read_json(registry_file, "restore it from the repository (git checkout)")
-    registry.setdefault("cifar10", {})[name] = entry
+    registry.setdefault(dataset, {})[name] = entry
     with open(registry_file, "w") as file:
         json.dump(registry, file, indent=2, sort_keys=True)
         file.write("\n")

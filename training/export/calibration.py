@@ -13,7 +13,6 @@ import os
 import numpy as np
 
 from ..data import images
-from ..data.images import IMAGE_SUFFIXES
 
 HOW = "name a few hundred training images of the network's size (files or folders: --calibration-images)"
 
@@ -62,8 +61,7 @@ def image_files(paths):
                 sorted(
                     os.path.join(root, name)
                     for root, _, names in os.walk(path)
-                    for name in names
-                    if name.lower().endswith(IMAGE_SUFFIXES)
+                    for name in images.image_names(root, names)
                 )
             )
         elif os.path.isfile(path):

@@ -56,18 +56,7 @@ def serve(
     and onnxruntime is installed (faster: see docs/serving.md), with TensorFlow otherwise;
     `precision` "int8" serves the int8 ONNX models (`export --quantize int8`), with onnxruntime;
     `max_body_memory`: the most mebibytes of request bodies held at once (past it: 503)."""
-    if not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"port must be an integer from 0 (any free port) to 65535. Received: port={port!r}")
-    if not isinstance(max_in_flight, int) or max_in_flight < 1:
-        raise ValueError(f"max_in_flight must be a positive integer. Received: max_in_flight={max_in_flight!r}")
-    if not isinstance(max_body_memory, int) or isinstance(max_body_memory, bool) or max_body_memory < 1:
-        raise ValueError(
-            f"max_body_memory must be a positive integer (mebibytes). Received: max_body_memory={max_body_memory!r}"
-        )
-    if not isinstance(request_timeout, (int, float)) or not 0 < request_timeout < float("inf"):
-        raise ValueError(
-            f"request_timeout must be a positive number of seconds. Received: request_timeout={request_timeout!r}"
-        )
+    check_options(port, max_in_flight, max_body_memory, request_timeout)
     memory.map_large_blocks_apart()
     if runtime == "auto" and precision != "float32":
         runtime = "onnxruntime"
@@ -82,6 +71,22 @@ def serve(
         flush=True,
     )
     run_loop(run(app, server_config(listening, request_timeout, verbose)))
+
+
+def check_options(port, max_in_flight, max_body_memory, request_timeout):
+    """Raises ValueError, naming it, for an option of `serve` outside what it accepts."""
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an integer from 0 (any free port) to 65535. Received: port={port!r}")
+    if not isinstance(max_in_flight, int) or max_in_flight < 1:
+        raise ValueError(f"max_in_flight must be a positive integer. Received: max_in_flight={max_in_flight!r}")
+    if not isinstance(max_body_memory, int) or isinstance(max_body_memory, bool) or max_body_memory < 1:
+        raise ValueError(
+            f"max_body_memory must be a positive integer (mebibytes). Received: max_body_memory={max_body_memory!r}"
+        )
+    if not isinstance(request_timeout, (int, float)) or not 0 < request_timeout < float("inf"):
+        raise ValueError(
+            f"request_timeout must be a positive number of seconds. Received: request_timeout={request_timeout!r}"
+        )
 
 
 def run_loop(coroutine):

@@ -124,9 +124,10 @@ class Config:
             Evaluation losses are always plain cross-entropy.
         average_momentum: keep an exponential moving average of the trainable weights,
             w_avg <- m w_avg + (1 - m) w after each step (Keras optimizers' `use_ema`,
-            `ema_momentum`), and evaluate and save the averaged network in place of the
-            trained one, with BatchNorm statistics of its own, from 4,096 training images
-            (`loop.average_statistics`); 0 for none.
+            `ema_momentum`), and evaluate and save the averaged network beside the trained
+            one (`average_*` columns of the log, `model_average.keras`), with BatchNorm
+            statistics of its own, from 4,096 training images (`loop.average_statistics`);
+            0 for none.
         schedule_unit: "steps" (iterations at `reference_batch_size`) or "epochs", for
             `duration`, `decay_boundaries` and `warmup`.
         schedule: "step", the paper's: the rate multiplied by `decay_factor` at each of

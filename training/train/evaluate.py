@@ -1,9 +1,10 @@
 """`keras-preact evaluate`: the error and per-class accuracy of a trained network.
 
 The network is built with `include_preprocessing=True` (it takes 0-255 pixels and
-normalises them with CIFAR-10's statistics, as the CIFAR configs train) and loads either
-keras-preact's shipped weights (`--weights cifar10`, checked against their SHA-256) or a
-`.weights.h5` file saved from the same network. The test split (or, with `split="train"`,
+normalises them with its data set's statistics, as the CIFAR configs train: CIFAR-100's for
+CIFAR-100's classes, CIFAR-10's otherwise) and loads either keras-preact's shipped weights
+(`--weights cifar10` or `cifar100`, checked against their SHA-256) or a `.weights.h5` file
+saved from the same network. The test split (or, with `split="train"`,
 the training split: how well the network fits what it learned from, in inference mode) is
 read in its order, decoded as in training (`keras_preact_training.data.datasets`), one original image each (no
 augmentation). With `flip`, the error of the test-time flip is measured too: each image's
@@ -38,11 +39,12 @@ def evaluate(
 
     Args:
         model_name: a name of `keras_preact.list_models()`.
-        weights: "cifar10" (shipped weights) or the path of a `.weights.h5` file.
+        weights: "cifar10" or "cifar100" (shipped weights) or the path of a `.weights.h5` file.
         dataset: "folder" (`data_dir/{train,test}/<class>/*.jpg`) or "cifar10"
             (tensorflow-datasets, `data_dir` its data directory).
-        data_dir: the folder (by default `keras-preact data`'s,
-            `keras_preact_training.data.cifar10_folder.CIFAR10_FOLDER`), or tensorflow-datasets' data directory.
+        data_dir: the folder (by default `keras-preact data`'s of the shipped weights' data set,
+            `keras_preact_training.data.cifar10_folder.FOLDERS`, CIFAR-10's for a weights file),
+            or tensorflow-datasets' data directory.
         batch_size: images per inference batch.
         flip: also measure `flip_error`, from the mean of the softmax probabilities
             of each image and of its horizontal mirror.
@@ -87,7 +89,7 @@ def evaluate(
             f"{sorted(keras_preact.pretrained.DATASETS)}. Received: weights={weights!r}"
         )
     if dataset == "folder":
-        data_dir = cifar10_folder.or_default(data_dir)
+        data_dir = cifar10_folder.or_default(data_dir, weights)
     config = named_configs.get_config("cifar10_cpu", [f"dataset={dataset}"])
     if data_dir is not None:
         config = config.override(f"data_dir={data_dir}")
@@ -101,7 +103,7 @@ def evaluate(
             f"The {weights} weights classify {list(shipped['classes'])}; the data set's classes "
             f"differ. Received: classes {names}"
         )
-    model = network(model_name, weights, len(names), data_set.image_shape, precision)
+    model = network(model_name, weights, names, data_set.image_shape, precision)
     started = time.perf_counter()
     batches = datasets.input_pipeline(config).evaluation_arrays(getattr(data_set, split), batch_size)
     result = dict(split=split, **counted(model, batches, names, flip))
@@ -111,20 +113,29 @@ def evaluate(
     )
 
 
-def network(model_name, weights, classes, input_shape, precision):
+def network(model_name, weights, class_names, input_shape, precision):
     """The network with `weights`, 0-255 pixels in and logits out, built in the dtype policy
-    `precision` (Keras' global policy left as it was)."""
+    `precision` (Keras' global policy left as it was). A weights file's network normalises with
+    the statistics of the data set whose classes are `class_names` (CIFAR-10's where none is
+    known), as training does."""
     policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(precision)  # layers take the policy when they are made
     try:
-        return keras_preact.get_model(
+        shipped = weights in keras_preact.pretrained.DATASETS
+        model = keras_preact.get_model(
             model_name,
             weights=weights,
-            include_preprocessing=True,
-            classes=classes,
+            include_preprocessing=shipped,
+            classes=len(class_names),
             input_shape=input_shape,
             classifier_activation=None,
         )
+        if shipped:
+            return model
+        statistics = keras_preact.pretrained.DATASETS[keras_preact.pretrained.dataset_of(class_names) or "cifar10"]
+        inputs = keras.Input(input_shape)
+        normalized = keras_preact.pretrained.normalization(statistics["mean"], statistics["std"])(inputs)
+        return keras.Model(inputs, model(normalized), name=model.name)
     finally:
         keras.config.set_dtype_policy(policy)
 
@@ -147,7 +158,11 @@ def counted(model, batches, names, flip):
             flip_correct += int(np.sum(np.argmax(softmax(logits) + softmax(mirrored), axis=-1) == labels))
     result = dict(
         error=1.0 - correct.sum() / counts.sum(),
-        per_class_accuracy={name: float(hit / count) for name, hit, count in zip(names, correct, counts)},
+        # A class without images in the measured split (a subset) has no accuracy: NaN, without NumPy's warning.
+        per_class_accuracy={
+            name: float(hit) / float(count) if count else float("nan")
+            for name, hit, count in zip(names, correct, counts)
+        },
         images=int(counts.sum()),
         predictions=np.concatenate(predictions) if predictions else np.zeros(0, "int64"),
     )

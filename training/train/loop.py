@@ -23,8 +23,9 @@ from .. import checked_files, plots
 from ..data import datasets
 from . import EVALUATION_BATCH_SIZE, checkpoints, configs, engines, precision, recipe
 
-# test_* or validation_*: the split a run evaluates on (`Config.validation_examples`); hours: of
-# training steps, summed over the sessions of a resumed run.
+# test_* or validation_*: the split a run evaluates on (`Config.validation_examples`), average_*
+# the weights' average there (`Config.average_momentum`); hours: of training steps, summed over
+# the sessions of a resumed run.
 CSV_FIELDS = [
     "step",
     "epoch",
@@ -36,6 +37,10 @@ CSV_FIELDS = [
     "images_per_second",
     "validation_loss",
     "validation_error",
+    "average_test_loss",
+    "average_test_error",
+    "average_validation_loss",
+    "average_validation_error",
     "hours",
 ]
 # The weights' average (`Config.average_momentum`) is evaluated with BatchNorm statistics
@@ -47,6 +52,9 @@ AVERAGE_STATISTICS_IMAGES = 4096
 AVERAGE_STATISTICS_BATCH = 256
 # The run's config as it started, beside its checkpoints: a resumed run must have the same.
 CONFIG_FILE = "config.json"
+# The trained network, and where the config keeps one, the weights' average, as a finished run saves them.
+MODEL_FILE = "model.keras"
+AVERAGE_MODEL_FILE = "model_average.keras"
 # Fields a resumed run may change: where the data is read from, how often it is logged,
 # evaluated and checkpointed (none of them changes a weight), which BatchNorm path runs
 # (the same computation to float rounding, with the same variables in its checkpoints), and
@@ -95,6 +103,7 @@ class Run:
     newest checkpoint; its steps, evaluations, checkpoints and log."""
 
     def __init__(self, config, run_dir, verbose, allow_config_changes):
+        check_run_folder(run_dir)  # before anything reads it
         config = precision.resolved(config, run_dir, verbose)
         keras.config.set_dtype_policy(config.precision)
         self.config, self.run_dir, self.verbose = config, run_dir, verbose
@@ -122,7 +131,7 @@ class Run:
         self.evaluated_on = "test" if self.dataset.validation is None else "validation"
         self.evaluation_split = self.dataset.test if self.dataset.validation is None else self.dataset.validation
         self.log = TrainingLog(run_dir, self.first_step, self.steps.chief)
-        self.training_seconds, self.error = 0.0, None
+        self.training_seconds, self.error, self.average_error = 0.0, None, None
 
     def train(self):
         """The steps from the first not yet trained to the last, logged every `log_every`,
@@ -178,17 +187,30 @@ class Run:
         )
         values = []
         if evaluating:
+            self.steps.synchronize()
             row[f"{self.evaluated_on}_loss"], self.error = self.evaluate()
             row[f"{self.evaluated_on}_error"] = self.error
             values.append((f"{self.evaluated_on}_error", self.error))
+            if self.config.average_momentum:
+                row[f"average_{self.evaluated_on}_loss"], self.average_error = self.evaluate_average()
+                row[f"average_{self.evaluated_on}_error"] = self.average_error
         self.log.write(row)
         return values
 
-    def evaluate(self):
-        """(loss, error) of the evaluated network: the weights' average in place of the trained
-        weights where the config keeps one (`use_average`; the trained state is put back)."""
+    def evaluate_average(self):
+        """(loss, error) of the weights' average, with BatchNorm statistics of its own
+        (`use_average`); the trained state is put back."""
         self.steps.synchronize()
-        trained = self.use_average() if self.config.average_momentum else []
+        trained = self.use_average()
+        try:
+            return self.evaluate()
+        finally:
+            for variable, value in zip(self.model.variables, trained):
+                variable.assign(value)
+
+    def evaluate(self):
+        """(loss, error) of the network in Keras' variables (`steps.synchronize` puts the
+        engine's state there)."""
         losses, correct, count = 0.0, 0, 0
         for images, labels in self.pipeline.evaluation_arrays(self.evaluation_split, EVALUATION_BATCH_SIZE):
             logits = keras.ops.cast(self.steps.predict(images), "float32")
@@ -196,25 +218,23 @@ class Run:
             losses += float(keras.ops.sum(self.per_example_loss(labels, logits)))
             correct += int(np.sum(np.argmax(keras.ops.convert_to_numpy(logits), -1) == labels))
             count += len(labels)
-        for variable, value in zip(self.model.variables, trained):
-            variable.assign(value)
         return losses / count, 1.0 - correct / count
 
     def use_average(self):
         """Puts the weights' average in the network with BatchNorm statistics of its own
-        (`average_statistics`); returns the values of every variable before, to put back."""
+        (`average_statistics`: the trained network's would not fit the averaged weights);
+        returns the values of every variable before, to put back."""
         trained = [np.array(variable) for variable in self.model.variables]
         self.optimizer.finalize_variable_values(self.model.trainable_variables)
         average_statistics(self.model, self.dataset.train, self.pipeline)
         return trained
 
     def finish(self, command):
-        """The final evaluation (where the last step did none), the saved network and summary."""
+        """The final evaluation (where the last step did none), the saved networks (the trained
+        one, and the weights' average where the config keeps one) and summary."""
+        self.steps.synchronize()
         if self.error is None:
             _, self.error = self.evaluate()
-        self.steps.synchronize()
-        if self.config.average_momentum:
-            self.use_average()  # the evaluated network is the one saved
         summary = self.log.finish(
             self.config,
             self.dataset,
@@ -225,9 +245,17 @@ class Run:
             self.total_steps,
             command,
         )
+        if self.config.average_momentum:
+            if self.average_error is None:
+                _, self.average_error = self.evaluate_average()
+            self.use_average()
+            summary = self.log.finish_average(self.model, self.evaluated_on, self.average_error, summary)
         if self.verbose and self.steps.chief:
+            average = (
+                f" (the weights' average: {100 * self.average_error:.2f} %)" if self.config.average_momentum else ""
+            )
             print(
-                f"Final {self.evaluated_on} error {100 * self.error:.2f} % after {self.total_steps} steps; "
+                f"Final {self.evaluated_on} error {100 * self.error:.2f} %{average} after {self.total_steps} steps; "
                 f"{summary['training_images_per_second']:.0f} images/s this session; weights sha256 "
                 f"{summary['weights_sha256'][:16]}; run in {self.run_dir}."
             )
@@ -274,6 +302,44 @@ def average_statistics(
             norm.momentum = momentum
 
 
+# What a run writes in its folder: a folder that holds any of them is a run of ours, or is refused.
+RUN_FILES = (
+    CONFIG_FILE,
+    "log.csv",
+    "summary.json",
+    "curves.png",
+    MODEL_FILE,
+    AVERAGE_MODEL_FILE,
+    "checkpoints",
+    "tensorboard",
+)
+# The fields that every run's config.json has held.
+RUN_CONFIG_FIELDS = ("model", "dataset", "batch_size", "learning_rate")
+
+
+def check_run_folder(run_dir):
+    """Raises ValueError, in one line, where `run_dir` holds files of the names a run writes
+    (`RUN_FILES`) but is not a run of ours (no config.json that keras-preact wrote): training
+    would overwrite the user's files. A new folder, an empty one, one with other files only and a
+    run of ours pass."""
+    if not os.path.isdir(run_dir):
+        return
+    present = sorted(name for name in RUN_FILES if os.path.lexists(os.path.join(run_dir, name)))
+    if not present:
+        return
+    try:
+        recorded = checked_files.read_json(os.path.join(run_dir, CONFIG_FILE), "")
+        ours = all(field in recorded for field in RUN_CONFIG_FIELDS)
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        raise ValueError(
+            f"{run_dir} is not a run of keras-preact train (no config.json of a run), yet it holds "
+            f"{', '.join(present)}, which training would overwrite: choose another --run-dir. Received: "
+            f"run_dir={run_dir!r}"
+        )
+
+
 def check_resumed_config(config, run_dir, allow_changes=False, verbose=True):
     """Records `config` in `run_dir/config.json` for a new run; for a resumed one, compares
     it with the recorded config.
@@ -305,8 +371,10 @@ def check_resumed_config(config, run_dir, allow_changes=False, verbose=True):
             )
         if changed and verbose:
             print(f"Resuming {run_dir} with changed settings (--allow-config-changes): {', '.join(changed)}.")
-    with open(path, "w") as file:
+    # Whole or not at all: a run stopped while writing it is still one of ours.
+    with open(path + ".tmp", "w") as file:
         json.dump(now, file, indent=2)
+    os.replace(path + ".tmp", path)
 
 
 def weights_digest(model):
@@ -381,10 +449,24 @@ class TrainingLog:
         plots.training_curves(
             self.csv_path, os.path.join(self.run_dir, "curves.png"), title=f"{config.model} on {datasets.name(config)}"
         )
-        model.save(os.path.join(self.run_dir, "model.keras"))
+        model.save(os.path.join(self.run_dir, MODEL_FILE))
+        self.write_summary(summary)
+        return summary
+
+    def finish_average(self, model, evaluated_on, error, summary):
+        """The summary with the weights' average's error and digest, `model` (holding the
+        average) saved beside the trained network."""
+        summary = dict(
+            summary, **{f"average_{evaluated_on}_error": error}, average_weights_sha256=weights_digest(model)
+        )
+        if self.chief:
+            model.save(os.path.join(self.run_dir, AVERAGE_MODEL_FILE))
+            self.write_summary(summary)
+        return summary
+
+    def write_summary(self, summary):
         with open(os.path.join(self.run_dir, "summary.json"), "w") as file:
             json.dump(summary, file, indent=2)
-        return summary
 
     def images_per_second(self):
         if not self.chief:

@@ -306,6 +306,12 @@ def _preactivation(stage, index):
 def _check_weights(weights):
     if weights is None or (isinstance(weights, str) and weights in pretrained.DATASETS):
         return
+    if isinstance(weights, (str, os.PathLike)) and os.fspath(weights).endswith(".h5") and not os.path.isfile(weights):
+        raise ValueError(
+            f"The weights file {os.fspath(weights)} is missing: give the path of a weights file (.weights.h5) saved "
+            f"from the same network, or one of {sorted(pretrained.DATASETS)} for keras-preact's trained weights. "
+            f"Received: weights={weights!r}"
+        )
     if not (isinstance(weights, (str, os.PathLike)) and os.path.isfile(weights)):
         raise ValueError(
             "weights must be None (random initialisation), the path of an existing weights file "

@@ -252,6 +252,10 @@ def test_weights_from_a_file_reproduce_the_network(tmp_path):
         (lambda: kp.ResNet50(input_shape=(16, 16, 3)), "Received: input_shape=(16, 16, 3)"),
         (lambda: kp.ResNet20(input_shape=(32, 32, None)), "known number of channels"),
         (
+            lambda: kp.ResNet20(weights="nowhere/resnet20.weights.h5"),
+            "The weights file nowhere/resnet20.weights.h5 is missing: give the path of a weights file",
+        ),
+        (
             lambda: kp.ResNet20(weights="imagenet"),
             "or one of ['cifar10', 'cifar100'] for keras-preact's trained weights. Received: weights='imagenet'",
         ),

@@ -37,6 +37,7 @@ def substitutions(tmp_path):
     """{text on a `# yours` line: what the test runs instead}."""
     return {
         '"~/.cache/keras-preact/cifar10-png/train"': repr(str(sample_folder(tmp_path))),
+        '"cifar10-png/train"': repr(str(tmp_path / "train")),
         "epochs=200": "epochs=1",
         "epochs=60": "epochs=1",
         '"saved_models/my_resnet20"': repr(str(tmp_path / "saved_models" / "my_resnet20")),

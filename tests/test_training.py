@@ -793,8 +793,15 @@ def test_ctrl_c_ends_a_run_with_one_line_that_says_how_it_resumes(tmp_path):
     run_dir = tmp_path / "interrupted"
     command = [KERAS_PREACT, "train", "--run-dir", str(run_dir), *SHORT, "--set", "duration=10"]
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    # Ctrl-C's default action, which a test worker (that ignores SIGINT) would pass on ignored.
     process = subprocess.Popen(
-        command, cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        command,
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
     )
     deadline = time.monotonic() + 300
     while not list((run_dir / "checkpoints").glob("ckpt-*")) and time.monotonic() < deadline:

@@ -302,17 +302,9 @@ def average_statistics(
             norm.momentum = momentum
 
 
-# What a run writes in its folder: a folder that holds any of them is a run of ours, or is refused.
-RUN_FILES = (
-    CONFIG_FILE,
-    "log.csv",
-    "summary.json",
-    "curves.png",
-    MODEL_FILE,
-    AVERAGE_MODEL_FILE,
-    "checkpoints",
-    "tensorboard",
-)
+# The files a run writes over in its folder: a folder that holds any of them is a run of ours, or
+# is refused (its checkpoints and TensorBoard folders only gain files of their own).
+RUN_FILES = (CONFIG_FILE, "log.csv", "summary.json", "curves.png", MODEL_FILE, AVERAGE_MODEL_FILE)
 # The fields that every run's config.json has held.
 RUN_CONFIG_FIELDS = ("model", "dataset", "batch_size", "learning_rate")
 

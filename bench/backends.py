@@ -74,10 +74,9 @@ def main():
         name, batch, steps = arguments.child
         print(json.dumps(measure(name, int(batch), int(steps))))
         return
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from importlib import metadata
 
-    from training_throughput import machine
+    from harness import machine
 
     versions = ", ".join(
         f"{package} {metadata.version(package)}" for package in ("tensorflow", "jax", "torch", "keras")

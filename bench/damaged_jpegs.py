@@ -17,13 +17,11 @@ import argparse
 import collections
 import io
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench.harness import processor
-from bench.image_decoding import images, median_seconds
+from harness import processor
+from image_decoding import images, median_seconds
 
 
 def damaged(flips, seed=0):

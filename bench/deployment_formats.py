@@ -163,12 +163,10 @@ def main():
     if sys.argv[1:2] == ["--time"]:
         return time_alone(*sys.argv[2:])
     import onnxruntime
+    from harness import machine
 
     from keras_preact import pretrained
     from keras_preact_training import export
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from training_throughput import machine
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", required=True, help="CIFAR-10 as an image folder (train/, test/)")

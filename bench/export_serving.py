@@ -26,14 +26,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
 import tensorflow as tf
+from harness import machine
 
 import keras_preact
 from keras_preact_training import export
 from keras_preact_training.export import versions
 from keras_preact_training.train import named_configs
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from training_throughput import machine
 
 CIFAR = export.Preprocessing.of(named_configs.CONFIGS["cifar10_paper"], channels=3)
 CLASS_NAMES = [f"class_{index}" for index in range(10)]

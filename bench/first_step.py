@@ -174,7 +174,7 @@ def main():
         name, layout, grappler = arguments.phase
         print(json.dumps(phases(name, layout, arguments.batch, arguments.steps, grappler == "on")))
         return
-    from training_throughput import machine
+    from harness import machine
 
     print(f"machine: {machine()}; {time.strftime('%Y-%m-%d')}")
     if arguments.phases:

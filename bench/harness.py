@@ -34,7 +34,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # TensorFlow's oneDNN kernels on every processor, as keras-preact's commands train
-# (keras_preact_training.cli.use_onednn), for every benchmark that imports this one first.
+# (keras_preact_training.tensorflow_import.use_onednn), for every benchmark that imports this one first.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 # Keras Applications' pre-activation ResNets, against ours of the same depth.
@@ -53,6 +53,17 @@ def processor():
                 if line.startswith("model name"):
                     return line.split(":", 1)[1].strip()
     return platform.processor()
+
+
+def machine():
+    """The processor, its cores and the versions every benchmark prints with its figures."""
+    import keras
+    import tensorflow as tf
+
+    return (
+        f"{processor()}, {os.cpu_count()} cores, Keras {keras.__version__} on {keras.backend.backend()}, "
+        f"TensorFlow {tf.__version__}, Python {platform.python_version()}"
+    )
 
 
 def build(name, precision="float32", unfused=False, **options):
@@ -262,8 +273,7 @@ def main():
         )
         print(json.dumps(measure(arguments.one, arguments.steps, arguments.precision, arguments.xla, **ours)))
         return
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from training_throughput import machine
+    from harness import machine
 
     peak = matmul_flops_per_second()
     print(f"machine: {machine()}; float32 matmul {peak / 1e9:.0f} GFLOP/s; {time.strftime('%Y-%m-%d')}")

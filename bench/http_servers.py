@@ -32,7 +32,6 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import processor
 
 TIMEOUT = 5

@@ -16,13 +16,11 @@ import argparse
 import io
 import os
 import statistics
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench.harness import processor
+from harness import processor
 
 
 def images(size, count=4, seed=0):

@@ -17,14 +17,11 @@ bits) and a Markdown table.
 import argparse
 import os
 import pathlib
-import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deployment_formats import calibration_set, dot_product_instructions, test_error, test_set, timed
 
 # Each setting: the activations' type and whether the weights keep to 7 bits (onnxruntime's
@@ -62,7 +59,7 @@ def quantized(float_file, output, activation_type, reduce_range, calibration):
 
 def main():
     import onnxruntime
-    from training_throughput import machine
+    from harness import machine
 
     from keras_preact import pretrained
     from keras_preact_training import export

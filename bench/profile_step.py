@@ -136,7 +136,7 @@ def main():
     parser.add_argument("--scan-units", action="store_true", help="build the network with scan_units=True")
     parser.add_argument("--precision", default="float32", help="Keras' dtype policy: float32, mixed_bfloat16, ...")
     arguments = parser.parse_args()
-    from training_throughput import machine
+    from harness import machine
 
     times = profile(
         arguments.model, arguments.batch, arguments.steps, dict(scan_units=arguments.scan_units), arguments.precision

@@ -25,7 +25,6 @@ import argparse
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 
@@ -34,14 +33,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 import onnxruntime
 import tensorflow as tf
+from harness import machine
 
 import keras_preact
 from keras_preact_training import export
 from keras_preact_training.export import contract, networks, versions
 from keras_preact_training.train import named_configs
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from training_throughput import machine
 
 CIFAR = export.Preprocessing.of(named_configs.CONFIGS["cifar10_paper"], channels=3)
 CLASS_NAMES = [f"class_{index}" for index in range(10)]

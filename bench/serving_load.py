@@ -50,14 +50,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
 import tensorflow as tf
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_serving import CIFAR, exported
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from training_throughput import machine
-
-from tests.test_serving_battery import animated_gif_bomb
+from harness import machine
+from hostile_images import animated_gif_bomb
 
 HALF_OPEN_CONNECTIONS = 300
 # Images just under the bounds of a large request: a full batch at CIFAR's size (64 x 32 x 32
@@ -86,11 +81,9 @@ class Served:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        # The packages of `source` under their installed names (training/ is keras_preact_training), ahead
-        # of the installed ones: a benchmark of another tree, such as main's, before and after a change.
-        packages = tempfile.mkdtemp(prefix="keras-preact-source-")
-        for name, folder in (("keras_preact", "keras_preact"), ("keras_preact_training", "training")):
-            os.symlink(os.path.join(os.path.abspath(source), folder), os.path.join(packages, name))
+        # The packages of `source` ahead of the installed ones: a benchmark of another tree, such as
+        # main's, before and after a change.
+        packages = os.path.abspath(source)
         started = time.perf_counter()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "keras_preact_training", "serve", model_dir, "--port", str(self.port), *options],

@@ -18,8 +18,7 @@ import statistics
 import time
 
 # bench/, the script's folder
-from harness import TRAINING_FLOPS_PER_FORWARD, matmul_flops_per_second, random_batch_training
-from training_throughput import machine
+from harness import TRAINING_FLOPS_PER_FORWARD, machine, matmul_flops_per_second, random_batch_training
 
 # Distinct inputs each part is timed on, in turn: a stage-1 activation of ResNet-164 at
 # batch 128 is 8 to 34 MB, so four of them with their gradients exceed a 32 MB cache.

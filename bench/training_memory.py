@@ -59,7 +59,7 @@ def main():
             json.dumps(measure(arguments.model, arguments.batch_size, arguments.rematerialize == "on", arguments.steps))
         )
         return
-    from training_throughput import machine
+    from harness import machine
 
     print(f"machine: {machine()}")
     print("| model | batch | rematerialize | peak memory GiB | build s | first step s | later step s |")

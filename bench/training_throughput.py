@@ -18,25 +18,16 @@ TensorFlow (`KERAS_BACKEND=jax` and `torch` print the rate alone).
 
 import argparse
 import os
-import platform
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import input_pipeline
 import keras
-import tensorflow as tf
-from harness import TRAINING_FLOPS_PER_FORWARD, forward_flops, matmul_flops_per_second, processor
+from harness import TRAINING_FLOPS_PER_FORWARD, forward_flops, machine, matmul_flops_per_second
 
 import keras_preact
 from keras_preact_training.train import configs, engines, loop, named_configs, precision
-
-
-def machine():
-    return (
-        f"{processor()}, {os.cpu_count()} cores, Keras {keras.__version__} on {keras.backend.backend()}, "
-        f"TensorFlow {tf.__version__}, Python {platform.python_version()}"
-    )
 
 
 def pipeline_images_per_second(config, batches):

@@ -24,7 +24,7 @@ import time
 import tensorflow as tf
 
 # bench/, the script's folder
-from training_throughput import machine
+from harness import machine
 
 # (height and width, channels) of the pre-activation ResNet-110's three stages (Sec. 4.1's CIFAR networks).
 STAGES = ((32, 16), (16, 32), (8, 64))

@@ -79,6 +79,8 @@ quiet_tensorflow.install()
 
 
 def __getattr__(name):
+    # By name, on first use: `import keras_preact` imports neither Keras nor TensorFlow, so that the
+    # onnxruntime server and the commands that need neither stay without them.
     if name in _MODULE_OF:
         value = getattr(importlib.import_module(f"keras_preact.{_MODULE_OF[name]}"), name)
     elif name in _SUBMODULES:
@@ -98,7 +100,7 @@ def _register_hub_models(_):
     """Once KerasHub is imported (now, if it was before keras_preact), keras-preact's KerasHub
     classes register with Keras, so that `from_preset` loads a preset of a keras-preact
     network (`keras_preact.hub`)."""
-    importlib.import_module("keras_preact.hub")
+    from . import hub  # noqa: F401
 
 
 @wrapt.when_imported("keras")
@@ -107,4 +109,4 @@ def _register_layers(_):
     so that `keras.saving.load_model` finds them in a process that never named one. Keras on
     TensorFlow loaded before keras_preact finds its devices now, its CUDA probe's lines held."""
     quiet_tensorflow.find_devices_quietly()
-    importlib.import_module("keras_preact.models")
+    from . import models  # noqa: F401

@@ -6,7 +6,7 @@ then start again from its first step every session and never finish. So the sess
 stops the queue writes each run it has begun and not finished into scripts/carried/, and
 commits it with its closing work:
 
-    .venv/bin/python scripts/carry_runs.py save     # once the queue has stopped; commit scripts/carried/
+    .venv/bin/python -m scripts.carry_runs save     # once the queue has stopped; commit scripts/carried/
 
 `<name>.tar` is the run's newest checkpoint (every variable of the network and its optimizer:
 the run goes on as if never stopped), config, log and its output's tail, as the GPU playbook
@@ -16,7 +16,7 @@ the folder's own (`restore`), and the run resumes from the carried step. A tar l
 repository in the commit that lands its run (scripts/land_zoo_run.py deletes it).
 
 A carried run keeps the precision it began in (`precision=auto` resolves once, when a run
-begins: training/train/precision.py): one begun in mixed_bfloat16 and carried to a processor
+begins: keras_preact_training/train/precision.py): one begun in mixed_bfloat16 and carried to a processor
 without bfloat16 arithmetic resumes emulating it there, about six times slower than float32
 (docs/benchmarks.md, "Which processor"). Such a machine trains it on faster in float32 with
 `--set precision=float32 --allow-config-changes` added to its line of scripts/queue.txt (the
@@ -24,15 +24,13 @@ run's config then records float32; say where it lands which steps trained in whi
 """
 
 import argparse
-import importlib.util
 import os
 import tarfile
 
+from scripts import gpu_playbook as playbook
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARRIED = os.path.join(ROOT, "scripts", "carried")
-SPECIFICATION = importlib.util.spec_from_file_location("gpu_playbook", os.path.join(ROOT, "scripts", "gpu_playbook.py"))
-playbook = importlib.util.module_from_spec(SPECIFICATION)
-SPECIFICATION.loader.exec_module(playbook)
 
 
 def carried_step(path):

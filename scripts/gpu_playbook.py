@@ -4,12 +4,12 @@ its checkpoints and finished networks brought back and landed here.
 A session lent a GPU runs it first, in this order, with nothing else between the device calls
 (a device machine goes back 30 s after a call ends, and a session has 15 minutes of it):
 
-    python scripts/gpu_playbook.py pack                        # here: .gpu/, what the device lacks
-    run: python3 scripts/gpu_playbook.py receive               # device, carry [".gpu-data/part-1"]
+    python -m scripts.gpu_playbook pack                        # here: .gpu/, what the device lacks
+    run: python3 -m scripts.gpu_playbook receive               # device, carry [".gpu-data/part-1"]
     ...                                                        # each part in turn (pack prints the calls)
-    run: python3 scripts/gpu_playbook.py start --minutes 8     # device, carry [".gpu"]: starts the queue
-    run: python3 scripts/gpu_playbook.py collect --minutes 3   # device, again within 30 s (as time allows)
-    python scripts/gpu_playbook.py land FILES_AT               # here, after each call: checkpoints, networks
+    run: python3 -m scripts.gpu_playbook start --minutes 8     # device, carry [".gpu"]: starts the queue
+    run: python3 -m scripts.gpu_playbook collect --minutes 3   # device, again within 30 s (as time allows)
+    python -m scripts.gpu_playbook land FILES_AT               # here, after each call: checkpoints, networks
 
 `pack` fills the ignored folder `.gpu/` with what the device machine lacks: Keras and its
 dependencies that are not there (wheels for its Python 3.12), and the newest checkpoint of
@@ -203,7 +203,7 @@ def cut(archive, parts, part_bytes, output):
     with open(os.path.join(output, "data.json"), "w") as file:
         json.dump(dict(archive=os.path.basename(archive), sha256=digest.hexdigest(), parts=names), file)
     for name in names:
-        print(f'run: python3 scripts/gpu_playbook.py receive   carry: ["{os.path.basename(parts)}/{name}"]')
+        print(f'run: python3 -m scripts.gpu_playbook receive   carry: ["{os.path.basename(parts)}/{name}"]')
 
 
 def receive(device_root=DEVICE_ROOT, parts=PARTS):
@@ -392,7 +392,7 @@ def fill(device_root, entries):
 
 def source_packages(device_root):
     """A folder of `device_root` in which the working tree's packages have their installed names
-    (`training/` is `keras_preact_training`, as pyproject.toml installs it), for PYTHONPATH on a
+    (`keras_preact_training/` is `keras_preact_training`, as pyproject.toml installs it), for PYTHONPATH on a
     device where keras-preact is not installed."""
     folder = os.path.join(device_root, "packages")
     os.makedirs(folder, exist_ok=True)
@@ -537,7 +537,7 @@ def land(folder, runs=CPU_RUNS, data_dir=CPU_DATA, publish=True):
             summary = json.load(file)
         print(f"{name}: finished on the GPU, test error {100 * summary['test_error']:.2f} %")
         if publish and name.startswith("zoo-"):
-            subprocess.run(landing_command(name, run_dir, config["model"], summary, data_dir), check=True)
+            subprocess.run(landing_command(name, run_dir, config["model"], summary, data_dir), check=True, cwd=ROOT)
     if restart:
         restart_cpu_queue()
 
@@ -548,7 +548,8 @@ def landing_command(name, run_dir, model, summary, data_dir):
     another_seed = ["--another-seed"] if re.fullmatch(r"zoo-.+-seed\d+", name) else []
     return [
         sys.executable,
-        os.path.join(ROOT, "scripts", "land_zoo_run.py"),
+        "-m",
+        "scripts.land_zoo_run",
         run_dir,
         "--name",
         model,

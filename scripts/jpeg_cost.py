@@ -1,6 +1,6 @@
 """What the JPEG copy of CIFAR-10 cost: one recipe trained on each copy, each network tested on both.
 
-    python scripts/jpeg_cost.py \
+    python -m scripts.jpeg_cost \
         --runs ~/.cache/keras-preact/runs/zoo-resnet20 ~/.cache/keras-preact/runs/jpeg-resnet20 \
         --data-dirs ~/.cache/keras-preact/cifar10-png ~/.cache/keras-preact/cifar10-jpeg
 
@@ -8,6 +8,11 @@ Prints docs/zoo.md's 2 x 2 table: a row per run (the copy it trained on), a colu
 set, each cell the final network's error single crop / with the test-time flip, in float32 as
 `weights="cifar10"` loads a network (`keras-preact evaluate`'s measurement). The runs must train
 the same network by the same recipe; each data folder is named in the table by its own name.
+
+The JPEG copy of CIFAR-10 has since left ../shared/data, so this measurement cannot be made again
+here as it was; its recorded results stay in docs/zoo.md ("What the JPEG copy cost") and
+docs/runs/jpeg-cost-2026-11-28/, and the script still compares any two runs of one recipe on two
+copies of a data set.
 """
 
 import argparse

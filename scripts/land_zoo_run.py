@@ -1,7 +1,7 @@
 """Lands a finished zoo run: the network, its registry entry, curves, logs and table rows together.
 
-    python scripts/land_zoo_run.py ~/.cache/keras-preact/runs/zoo-resnet20 --name resnet20 --images-per-second 690
-    python scripts/land_zoo_run.py ~/.cache/keras-preact/runs/zoo-resnet20-seed1 --name resnet20 \
+    python -m scripts.land_zoo_run ~/.cache/keras-preact/runs/zoo-resnet20 --name resnet20 --images-per-second 690
+    python -m scripts.land_zoo_run ~/.cache/keras-preact/runs/zoo-resnet20-seed1 --name resnet20 \
         --images-per-second 690 --another-seed
 
 Publishes the run (`keras-preact publish`: the weights file, its trained weights or with
@@ -20,7 +20,6 @@ lot in one commit, with the run's line of scripts/queue.txt removed.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -29,11 +28,9 @@ import types
 from keras_preact_training import plots
 from keras_preact_training.data import datasets
 from keras_preact_training.experiments import zoo, zoo_tables
+from scripts import carry_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPECIFICATION = importlib.util.spec_from_file_location("carry_runs", os.path.join(ROOT, "scripts", "carry_runs.py"))
-carry_runs = importlib.util.module_from_spec(SPECIFICATION)
-SPECIFICATION.loader.exec_module(carry_runs)
 
 
 def replace_block(text, block, start, what):

@@ -29,7 +29,7 @@
 # names), the data commands above and the runner's clone again (scripts/queue.txt holds only the
 # runs still to do, so none finished is redone). So that a run longer than a session goes on from
 # where the last session stopped it, that session stops the queue after a checkpoint and commits
-# the runs it has begun (`.venv/bin/python scripts/carry_runs.py save`, into scripts/carried/),
+# the runs it has begun (`.venv/bin/python -m scripts.carry_runs save`, into scripts/carried/),
 # and this script, starting, restores them into their run folders.
 #
 # Each finished zoo run lands at once (scripts/land_zoo_run.py, with its rate measured alone by
@@ -45,13 +45,9 @@ DATA=${DATA:-$HOME/.cache/keras-preact/cifar10-png}
 PYTHON=${PYTHON:-.venv/bin/python}
 CARRIED=${CARRIED:-scripts/carried}
 
-# The runner's own packages under their installed names (training/ is keras_preact_training), ahead
-# of the editable install of the work tree that $PYTHON's environment holds.
-PACKAGES=$(mktemp -d)
-trap 'rm -rf "$PACKAGES"' EXIT
-ln -s "$PWD/keras_preact" "$PACKAGES/keras_preact"
-ln -s "$PWD/training" "$PACKAGES/keras_preact_training"
-export PYTHONPATH="$PACKAGES${PYTHONPATH:+:$PYTHONPATH}"
+# The runner's own packages, ahead of the editable install of the work tree that $PYTHON's
+# environment holds.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 # The first run of queue.txt marked "cpu" whose folder holds no summary.json, as "name|arguments".
 next_run() {
@@ -65,7 +61,7 @@ mkdir -p "$RUNS"
 # Runs begun on another machine and carried in the repository (scripts/carry_runs.py), each
 # into its run folder where it is further on than the folder's own.
 if compgen -G "$CARRIED/*.tar" > /dev/null; then
-  "$PYTHON" scripts/carry_runs.py restore --carried "$CARRIED" --runs "$RUNS" --data-dir "$DATA" >> "$RUNS/queue.log" 2>&1 ||
+  "$PYTHON" -m scripts.carry_runs restore --carried "$CARRIED" --runs "$RUNS" --data-dir "$DATA" >> "$RUNS/queue.log" 2>&1 ||
     exit
 fi
 while entry=$(next_run) && [ -n "$entry" ]; do

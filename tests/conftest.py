@@ -6,7 +6,7 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # TensorFlow's oneDNN kernels on every processor, as keras-preact's commands have them
-# (keras_preact_training.cli.use_onednn), so that the tests compute alike where TensorFlow's
+# (keras_preact_training.tensorflow_import.use_onednn), so that the tests compute alike where TensorFlow's
 # own default would leave them off (a processor with AVX2 alone).
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 

@@ -1,7 +1,6 @@
 """scripts/carry_runs.py: the CPU queue's unfinished runs carried in the repository to a machine
 without ~/.cache, and scripts/zoo_queue.sh restoring them before it trains."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -12,11 +11,10 @@ import tarfile
 import numpy as np
 import pytest
 
+from scripts import carry_runs
+
 pytestmark = pytest.mark.commands
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPECIFICATION = importlib.util.spec_from_file_location("carry_runs", os.path.join(ROOT, "scripts", "carry_runs.py"))
-carry_runs = importlib.util.module_from_spec(SPECIFICATION)
-SPECIFICATION.loader.exec_module(carry_runs)
 ENTRIES = [("begun", ["--config", "a"]), ("finished", ["--config", "b"]), ("not-begun", ["--config", "c"])]
 
 
@@ -89,16 +87,16 @@ def test_the_queue_restores_the_carried_runs_before_it_trains(tmp_path):
     """scripts/zoo_queue.sh, with a carried run and a Python that records the training
     command: the run's folder holds the carried checkpoint when its training starts."""
     (tmp_path / "scripts").mkdir()
-    for script in ("zoo_queue.sh", "carry_runs.py", "gpu_playbook.py"):
+    for script in ("__init__.py", "zoo_queue.sh", "carry_runs.py", "gpu_playbook.py"):
         shutil.copy(os.path.join(ROOT, "scripts", script), tmp_path / "scripts")
-    for package in ("keras_preact", "training"):
+    for package in ("keras_preact", "keras_preact_training"):
         os.symlink(os.path.join(ROOT, package), tmp_path / package)
     (tmp_path / "scripts" / "queue.txt").write_text("begun | cpu gpu | --config a\n")
     make_run(tmp_path / "elsewhere" / "begun", [78, 156])
     carry_runs.save(str(tmp_path / "elsewhere"), str(tmp_path / "scripts" / "carried"), [("begun", [])])
     recorder = tmp_path / "python"
     recorder.write_text(
-        f'#!/bin/sh\n[ "$1" = scripts/carry_runs.py ] && exec {sys.executable} "$@"\n'
+        f'#!/bin/sh\n[ "$2" = scripts.carry_runs ] && exec {sys.executable} "$@"\n'
         'for last; do :; done\nls "$last/checkpoints" >> "$RUNS/calls"\necho {} > "$last/summary.json"\n'
     )
     recorder.chmod(0o755)

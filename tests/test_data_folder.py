@@ -62,9 +62,36 @@ def test_data_makes_the_folder_from_an_archive_once(tmp_path, name, top):
     assert made.returncode == 0, made.stderr
     assert made.stdout == f"Made: {destination}, 10 training and 10 test images in 10 classes.\n"
     assert sorted(os.listdir(os.path.join(destination, "train"))) == sorted(os.listdir(tmp_path / "source" / "train"))
-    assert sorted(os.listdir(tmp_path / "cache")) == ["cifar10-png", "cifar10-png.done"]  # and no lock file
+    assert sorted(os.listdir(tmp_path / "cache")) == ["cifar10-png"]  # no lock file, no mark beside it
     again = run("data", archive, "--data-dir", destination)
     assert again.stdout.startswith(f"Already made: {destination}, 10 training")
+
+
+def test_data_writes_nothing_beside_its_folder(tmp_path):
+    """Files of the user's named after the destination (a mark or a lock of its name) keep their
+    bytes, whether the command makes the folder or finds it made; its mark is inside the folder."""
+    archive = archive_of(sample_folder(tmp_path / "source"), tmp_path / "images.tar.xz")
+    destination = tmp_path / "cache" / "cifar10-png"
+    destination.parent.mkdir()
+    theirs = {destination.parent / f"cifar10-png{suffix}": b"x" * 102 for suffix in (".done", ".lock", ".tmp")}
+    for path, content in theirs.items():
+        path.write_bytes(content)
+    for _ in range(2):
+        result = run("data", archive, "--data-dir", str(destination))
+        assert result.returncode == 0, result.stderr
+        assert {path: path.read_bytes() for path in theirs} == theirs
+    assert sorted(os.listdir(destination)) == [cifar10_folder.MARK, "test", "train"]
+    assert sorted(os.listdir(destination.parent)) == sorted(["cifar10-png", *(path.name for path in theirs)])
+
+
+def test_a_folder_marked_done_beside_it_by_an_earlier_version_counts_as_made(tmp_path):
+    """Folders made before the mark moved inside (`<folder>.done` beside them) are still the
+    command's: found made, never extracted again."""
+    folder = sample_folder(tmp_path / "cifar10-png")
+    (tmp_path / "cifar10-png.done").write_text("")
+    assert cifar10_folder.is_made(str(folder))
+    archive = archive_of(sample_folder(tmp_path / "source"), tmp_path / "images.tar.xz")
+    assert run("data", archive, "--data-dir", str(folder)).stdout.startswith(f"Already made: {folder}, 10 training")
 
 
 def test_data_never_touches_a_folder_it_did_not_make(tmp_path):
@@ -77,7 +104,7 @@ def test_data_never_touches_a_folder_it_did_not_make(tmp_path):
     result = run("data", archive, "--data-dir", str(destination))
     assert result.returncode == 2
     assert result.stderr == (
-        f"error: {destination} exists and was not made by `keras-preact data` (no {destination}.done): its files "
+        f"error: {destination} exists and was not made by `keras-preact data` (no .keras-preact-data in it): its files "
         f"are left as they are. Pass another --data-dir, or move it away first. Received: data_dir={str(destination)!r}\n"
     )
     assert (destination / "notes.txt").read_text() == "a user's file"
@@ -143,7 +170,6 @@ def test_data_makes_the_png_folder_from_the_official_python_release(tmp_path):
         "cifar-10-batches-py",
         "cifar-10-python.tar.gz",
         "cifar10-png",
-        "cifar10-png.done",
     ]
 
 
@@ -375,6 +401,11 @@ def test_extraction_is_bounded_in_bytes_and_files(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"it holds more than 5 files or 0.000976562 GiB \(at '.*'\)"):
         cifar10_folder.extract(many, str(tmp_path / "out"))
     assert sorted(os.listdir(tmp_path)) == ["bomb.zip", "many.tar.xz", "source"]
+    # Checked before the first member is written, not as the members are.
+    (tmp_path / "scratch").mkdir()
+    with pytest.raises(ValueError, match=r"more than 5 files"):
+        cifar10_folder.unpack(many, str(tmp_path / "scratch"))
+    assert os.listdir(tmp_path / "scratch") == []
 
 
 @pytest.mark.parametrize(
@@ -505,7 +536,7 @@ def test_data_stopped_by_sigterm_or_kill_leaves_nothing_the_next_run_does_not_cl
         assert cifar10_folder.extract(archive, str(out / "images")) == str(out / "images")
     finally:
         os.umask(previous)
-    assert sorted(os.listdir(out)) == ["images", "images.done"]
+    assert sorted(os.listdir(out)) == ["images"]
     assert stat.S_IMODE(os.stat(out / "images").st_mode) == 0o750
 
 

@@ -145,11 +145,8 @@ def test_the_zoo_page_shows_every_shipped_networks_curves_in_the_tables_order():
 
 
 def load_land_zoo_run():
-    import importlib.util
+    from scripts import land_zoo_run
 
-    spec = importlib.util.spec_from_file_location("land_zoo_run", os.path.join(ROOT, "scripts", "land_zoo_run.py"))
-    land_zoo_run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(land_zoo_run)
     return land_zoo_run
 
 

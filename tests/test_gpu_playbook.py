@@ -2,7 +2,6 @@
 read, and a run the playbook packs, starts, stops, bundles and lands, then resumed by
 `keras-preact train` from the landed checkpoint to the weights of an uninterrupted run."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -13,13 +12,11 @@ import time
 import numpy as np
 import pytest
 
+from scripts import gpu_playbook as playbook
 from tests.conftest import KERAS_PREACT, SHORT_DIGITS_RUN
 
 pytestmark = pytest.mark.commands
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPECIFICATION = importlib.util.spec_from_file_location("gpu_playbook", os.path.join(ROOT, "scripts", "gpu_playbook.py"))
-playbook = importlib.util.module_from_spec(SPECIFICATION)
-SPECIFICATION.loader.exec_module(playbook)
 
 
 def test_the_queue_is_read_in_order():
@@ -49,7 +46,8 @@ def test_a_finished_second_seed_lands_into_its_networks_entry():
     summary = {"training_images_per_second": 1234.5}
     command = playbook.landing_command("zoo-resnet20", "/runs/zoo-resnet20", "resnet20", summary, "/data")
     assert command[1:] == [
-        os.path.join(ROOT, "scripts", "land_zoo_run.py"),
+        "-m",
+        "scripts.land_zoo_run",
         "/runs/zoo-resnet20",
         "--name",
         "resnet20",
@@ -59,7 +57,7 @@ def test_a_finished_second_seed_lands_into_its_networks_entry():
         "/data",
     ]
     seed = playbook.landing_command("zoo-resnet56_original-seed1", "/runs/s", "resnet56_original", summary, "/data")
-    assert seed[2:] == [
+    assert seed[3:] == [
         "/runs/s",
         "--name",
         "resnet56_original",

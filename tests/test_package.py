@@ -1,7 +1,10 @@
 """What `pip install keras-preact` puts into site-packages: the library, the training code
 under a name of its own, and the `keras-preact` console command (pyproject.toml)."""
 
+import ast
+import glob
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -101,48 +104,82 @@ def test_the_library_and_training_without_tensorflow_need_no_tensorflow(tmp_path
         name, _, marker = requirement.partition(";")
         extra = marker.split("extra ==")[1].strip().strip("'\"") if "extra ==" in marker else None
         extras.setdefault(extra, []).append(name.strip())
-    assert not any(name.startswith("tensorflow") for name in extras[None] + extras["training-core"])
+    assert not any(name.startswith("tensorflow") for name in extras[None] + extras["training-core"] + extras["serve"])
     assert any(name.startswith("tensorflow") for name in extras["tensorflow"])
     assert any("tensorflow" in name for name in extras["training"])
+    # Keras' upper bound is the application's (its optimizer overrides private methods), not the library's.
+    assert "keras>=3.5" in extras[None] and "keras<3.16" in extras["training"]
 
 
-def library_imports():
-    """{module of keras_preact: the keras_preact modules it imports, at its top or in a function}."""
-    import ast
+def requirement_name(requirement):
+    return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
-    folder = os.path.join(ROOT, "keras_preact")
-    graph = {}
-    for file in sorted(os.listdir(folder)):
-        if not file.endswith(".py") or file == "__init__.py":
+
+def wheel_extras():
+    """{extra or None: [requirement names]} of the repository's pyproject.toml."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as file:
+        project = tomllib.load(file)["project"]
+    return {
+        None: [requirement_name(requirement) for requirement in project["dependencies"]],
+        **{
+            extra: [requirement_name(requirement) for requirement in requirements]
+            for extra, requirements in project["optional-dependencies"].items()
+        },
+    }
+
+
+@pytest.mark.commands
+def test_the_serve_extra_holds_what_the_onnxruntime_server_imports(tmp_path):
+    """Every distribution whose modules the onnxruntime server imports (its command, application,
+    runtime and decoders, in a process where TensorFlow cannot be imported) is the library's own
+    requirement, the `serve` extra's, or installed by one of them."""
+    from importlib import metadata
+
+    probe = (
+        "import sys\n"
+        "from keras_preact_training.commands import serve\n"
+        "from keras_preact_training.serving import application, image_formats, onnx_runtime, server\n"
+        "print(' '.join(sorted({name.split('.')[0] for name in sys.modules})))\n"
+    )
+    environment = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests", "without_tensorflow"))
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=environment, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "tensorflow" not in result.stdout.split()
+    # And what the server's files import inside functions, where it starts or loads a model.
+    lazily = set()
+    for file in glob.glob(os.path.join(ROOT, "keras_preact_training", "serving", "*.py")):
+        if not file.endswith("tensorflow_runtime.py"):
+            for node in ast.walk(ast.parse(open(file).read())):
+                if isinstance(node, ast.Import):
+                    lazily |= {alias.name.split(".")[0] for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    lazily.add(node.module.split(".")[0])
+    distributions = metadata.packages_distributions()
+    imported = {
+        requirement_name(distribution)
+        # Not the private modules a .pth file loads into every process (setuptools' _distutils_hack).
+        for module in set(result.stdout.split()) | (lazily - {"tensorflow"})
+        if not module.startswith("_")
+        for distribution in distributions.get(module, ())
+    } - {"keras-preact"}
+    extras = wheel_extras()
+    installed, waiting = set(), extras[None] + extras["serve"]
+    while waiting:
+        name = waiting.pop()
+        if name in installed:
             continue
-        imported = set()
-        for node in ast.walk(ast.parse(open(os.path.join(folder, file)).read())):
-            if isinstance(node, ast.ImportFrom) and node.module == "keras_preact":
-                imported |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keras_preact."):
-                imported.add(node.module.split(".")[1])
-            elif isinstance(node, ast.Import):
-                imported |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith("keras_preact.")}
-        graph[file[:-3]] = imported - {file[:-3]}
-    return graph
-
-
-def test_the_library_has_no_import_circle():
-    """Layer modules import downward (walks over whole networks live above the layers), so
-    that no module needs another that needs it back."""
-    graph = library_imports()
-    assert graph["walks"] >= {"base_layers", "stacked"} and "walks" not in graph["base_layers"] | graph["stacked"]
-
-    def circle_from(start, path):
-        for module in sorted(graph.get(path[-1], ())):
-            if module == start:
-                return [*path, module]
-            if module not in path and (found := circle_from(start, [*path, module])):
-                return found
-        return None
-
-    circles = [circle for module in graph if (circle := circle_from(module, [module]))]
-    assert circles == [], f"import circles: {circles}"
+        try:
+            requires = metadata.requires(name) or ()
+        except metadata.PackageNotFoundError:  # a requirement of another Python (its marker), not installed
+            continue
+        installed.add(name)
+        waiting += [requirement_name(requirement) for requirement in requires if "extra ==" not in requirement]
+    assert "onnxruntime" in imported and "hypercorn" in imported and "tensorflow" not in imported
+    assert sorted(imported - installed) == []
 
 
 @pytest.mark.commands

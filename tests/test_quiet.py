@@ -100,7 +100,7 @@ def test_commands_load_tensorflow_with_its_onednn_kernels_unless_told_not_to(set
     environment.update(TF_CPP_MIN_LOG_LEVEL="0", KERAS_BACKEND="tensorflow")
     if setting is not None:
         environment["TF_ENABLE_ONEDNN_OPTS"] = setting
-    code = "from keras_preact_training import cli\ncli.import_tensorflow(verbose=True)\n"
+    code = "from keras_preact_training import tensorflow_import\ntensorflow_import.import_tensorflow(verbose=True)\n"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600
     )

@@ -427,6 +427,14 @@ def with_leaf(nested, leaf):
             400,
             r"^The request needs exactly one of 'instances' \(row format\) or 'inputs' \(columnar\)",
         ),
+        (
+            # 50,001 keys (600 KB): the error names eight, in a few hundred bytes.
+            ":predict",
+            lambda pixels: {"instanzes": [], **{f"q{index}": 1 for index in range(50_000)}},
+            400,
+            r"^The request needs exactly one of .* Received keys: \[\"instanzes\", \"q0\", \"q1\", \"q10\", "
+            r"\"q100\", \"q1000\", \"q10000\", \"q10001\", and 49,993 more\]$",
+        ),
         (":predict", lambda pixels: {"instances": []}, 400, r"^Input 'images' must be a non-empty list"),
         (
             ":predict",
@@ -500,6 +508,7 @@ def with_leaf(nested, leaf):
         "malformed JSON",
         "not an object",
         "no instances",
+        "50,001 keys",
         "empty batch",
         "batch too large",
         "unknown version",
@@ -530,6 +539,30 @@ def raw_exchange(port, request, timeout=60):
         while chunk := connection.recv(65536):
             received += chunk
     return received
+
+
+@pytest.mark.parametrize(
+    "target, status, answer",
+    [
+        # Absolute form (RFC 9112, section 3.2.2): routed by its path.
+        ("http://127.0.0.1/v1/models/cifar10_resnet20", 200, '"state":"AVAILABLE"'),
+        ("HTTP://localhost:1/v1/models/cifar10_resnet20/metadata", 200, '"signature_def"'),
+        # An encoded "/" is part of its segment: a model's name, never a separator.
+        ("/v1/models/cifar10%2Fresnet20", 404, "No such resource: GET /v1/models/cifar10%2Fresnet20. "),
+        (
+            "/v1/models/cifar10_resnet20%2Fmetadata",
+            404,
+            "No such resource: GET /v1/models/cifar10_resnet20%2Fmetadata. ",
+        ),
+        ("/v1/models/cifar10%5Fresnet20", 200, '"state":"AVAILABLE"'),  # other escapes decode
+    ],
+)
+def test_a_target_is_routed_by_its_path_with_an_encoded_slash_kept_in_its_segment(served, target, status, answer):
+    _, client, _, _ = served
+    port = int(client.url.rsplit(":", 1)[1])
+    received = raw_exchange(port, f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    assert received.startswith(b"HTTP/1.1 %d " % status), received[:300]
+    assert answer.encode() in received.split(b"\r\n\r\n", 1)[1]
 
 
 @pytest.mark.parametrize("path", ["/v1/models/cifar10_resnet20/", "/v1/models/cifar10_resnet20/metadata/"])

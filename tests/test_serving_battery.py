@@ -15,6 +15,7 @@ import socket
 import subprocess
 import threading
 import time
+from importlib.metadata import version as importlib_version
 
 import numpy as np
 import onnx
@@ -24,6 +25,7 @@ from PIL import Image
 from starlette.requests import ClientDisconnect, Request
 
 import keras_preact
+from bench.hostile_images import animated_gif_bomb, gif_parts
 from keras_preact import pretrained
 from keras_preact_training import export
 from keras_preact_training.data import input_tensorflow
@@ -385,34 +387,6 @@ def test_kept_alive_requests_are_answered_on_one_connection(served):
 # 3. Animated GIFs and every format for 1- and 3-channel models ---------------------------
 
 
-def gif_parts(encoded):
-    """(head: header, screen descriptor and global colour table; the blocks after it, less the
-    trailer) of a GIF file."""
-    flags = encoded[10]
-    position = 13 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)
-    head, start = encoded[:position], position
-    while encoded[position] != 0x3B:
-        if encoded[position] == 0x21:  # an extension: its label, then data blocks
-            position += 2
-        else:  # an image descriptor, its local colour table, the LZW code size, then data blocks
-            local = encoded[position + 9]
-            position += 10 + (3 * 2 ** ((local & 7) + 1) if local & 0x80 else 0) + 1
-        while encoded[position]:
-            position += encoded[position] + 1
-        position += 1
-    return head, encoded[start:position]
-
-
-def animated_gif_bomb(first=64, later=4096, frames=16):
-    """The battery's GIF: a first frame of first x first pixels on a screen of that size, then
-    `frames` frames of later x later pixels (about 13 KB each: one grey)."""
-    small, large = io.BytesIO(), io.BytesIO()
-    Image.new("L", (first, first), 128).save(small, format="GIF")
-    Image.new("L", (later, later), 128).save(large, format="GIF")
-    head, block = gif_parts(small.getvalue())
-    return head + block + gif_parts(large.getvalue())[1] * frames + b";"
-
-
 def encoded_image(array, image_format):
     encoded = io.BytesIO()
     Image.fromarray(array).save(encoded, format=image_format)
@@ -655,6 +629,102 @@ def test_an_http_version_other_than_1_is_a_505(served):
     assert json.loads(received.split(b"\r\n\r\n", 1)[1]) == {
         "error": "HTTP/2.0 is not supported: this server speaks HTTP/1.1."
     }
+
+
+# HTTP/2's preface and a CONNECT stream without :path (h2's frames as a client sends them).
+HTTP2_CONNECT = bytes.fromhex(
+    "505249202a20485454502f322e300d0a0d0a534d0d0a0d0a00002a04000000000000010000100000020000000100040000ffff"
+    "00050000400000080000000000030000006400060001000000000e0105000000014287bdab4e9c17b7ff4183f3703f"
+)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        HTTP2_CONNECT,
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000") + b"\x00" * 40_000,
+    ],
+    ids=["http2-connect", "http2-settings-then-junk"],
+)
+def test_http2_is_a_505_in_json_and_the_connection_closed(served, request_bytes):
+    """The server speaks HTTP/1.1 alone (TF Serving's REST API): HTTP/2's preface is answered 505
+    in TF Serving's JSON, and the server closes the connection, whatever the client sends after."""
+    _, port, _ = served
+    started = time.perf_counter()
+    received = raw_exchange(port, request_bytes, timeout=10)
+    assert time.perf_counter() - started < 5
+    assert received.startswith(b"HTTP/1.1 505 ") and received.count(b"HTTP/1.1 ") == 1, received[:300]
+    assert json.loads(received.split(b"\r\n\r\n", 1)[1]) == {
+        "error": "HTTP/2.0 is not supported: this server speaks HTTP/1.1."
+    }
+
+
+@pytest.mark.parametrize(
+    "upgrade",
+    [
+        b"Upgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n",
+        b"Upgrade: websocket\r\nConnection: Upgrade\r\n",  # and no Sec-WebSocket-Key
+        b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        b"Sec-WebSocket-Version: 13\r\n",
+    ],
+    ids=["h2c", "websocket-without-key", "websocket"],
+)
+def test_a_request_asking_for_an_upgrade_is_answered_in_http1(served, upgrade):
+    """No switch of protocol: the request is answered as the HTTP/1.1 request it also is, in
+    JSON, and its connection kept alive or closed as any other (here closed, as asked)."""
+    _, port, _ = served
+    received = raw_exchange(
+        port,
+        b"GET /v1/models/cifar10_resnet20 HTTP/1.1\r\nHost: x\r\n"
+        + upgrade.replace(b"Connection: Upgrade", b"Connection: Upgrade, close")
+        + b"\r\n",
+        timeout=10,
+    )
+    assert received.startswith(b"HTTP/1.1 200 ") and received.count(b"HTTP/1.1 ") == 1, received[:300]
+    assert json.loads(received.split(b"\r\n\r\n", 1)[1])["model_version_status"][0]["state"] == "AVAILABLE"
+
+
+def test_the_server_log_holds_no_traceback_for_http2_frames(exported, tmp_path):
+    """What HTTP/2 clients send (the CONNECT stream without :path that ended in an
+    UnboundLocalError's traceback, PRIORITY frames, junk after the preface) leaves no traceback
+    and no more than a line a connection in the server's log."""
+    log = tmp_path / "server.log"
+    port = free_port()
+    with open(log, "w") as output:
+        server = subprocess.Popen(
+            [KERAS_PREACT, "serve", str(exported), "--port", str(port), "--runtime", "onnxruntime"],
+            stdout=subprocess.PIPE,
+            stderr=output,
+            text=True,
+        )
+        try:
+            assert server.stdout.readline().startswith("Serving")
+            priorities = bytes.fromhex("0000050200000000030000000010") * 3_000  # PRIORITY frames
+            for request in (HTTP2_CONNECT, HTTP2_CONNECT + priorities, HTTP2_CONNECT[:24] + b"\xff" * 48_000):
+                for _ in range(5):
+                    raw_exchange(port, request, timeout=10)
+        finally:
+            stop_server(server)
+    text = log.read_text()
+    assert "Traceback" not in text and len(text.splitlines()) <= 15, text[-3000:]
+
+
+def test_the_private_hypercorn_methods_replaced_for_http1_alone_are_there():
+    """`server.http1_only` replaces `hypercorn.protocol.h11.H11Protocol._check_protocol(self,
+    event)` and wraps `_create_stream(self, request)`, private methods of the pinned Hypercorn
+    0.18: this fails when they change."""
+    import inspect
+
+    from hypercorn.protocol.h11 import H11Protocol
+
+    from keras_preact_training.serving import server
+
+    assert importlib_version("hypercorn").startswith("0.18.")
+    server.http1_only()
+    assert H11Protocol.http1_only
+    for name, parameters in (("_check_protocol", ["self", "event"]), ("_create_stream", ["self", "request"])):
+        method = getattr(H11Protocol, name)
+        assert inspect.iscoroutinefunction(method) and list(inspect.signature(method).parameters) == parameters
 
 
 # 6. The ONNX models are checked at start -----------------------------------------------------

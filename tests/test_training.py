@@ -1,4 +1,4 @@
-"""training/ on TensorFlow: input pipelines, the real entry point, distribution, resume."""
+"""keras_preact_training on TensorFlow: input pipelines, the real entry point, distribution, resume."""
 
 import csv
 import json

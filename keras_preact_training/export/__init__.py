@@ -6,8 +6,8 @@ A format is one module of this package that registers itself in `FORMATS` (`regi
 name, its precisions, what writes its files into a version folder, the files a version is
 complete with, the runtime that serves it and what it needs installed. `--format`'s
 choices, the precisions `--quantize` offers, the files `serve` looks for and every message
-about formats are read from that table. A new format is one module and its name in
-`FORMAT_MODULES`; its module imports nothing heavy at its top (this package is imported by
+about formats are read from that table. A new format is one module and its import at the
+end of this file; its module imports nothing heavy at its top (this package is imported by
 the onnxruntime server, which imports neither TensorFlow nor Keras).
 
 Imports `train`, `data` and the package's base modules; `serving` imports it. The public
@@ -67,7 +67,6 @@ class Format:
 # Every format by name, in the order written into a version folder (the SavedModel first: it
 # makes the folder).
 FORMATS = {}
-FORMAT_MODULES = ("saved_model", "onnx_models", "litert", "kerashub")
 
 
 def register(format):
@@ -76,8 +75,14 @@ def register(format):
     return format
 
 
-for _module in FORMAT_MODULES:
-    importlib.import_module(f"{__name__}.{_module}")
+# Each format registers itself as its module is imported, in this order (FORMATS's).
+# isort: off
+from . import saved_model  # noqa: E402, F401
+from . import onnx_models  # noqa: E402, F401
+from . import litert  # noqa: E402, F401
+from . import kerashub  # noqa: E402, F401
+
+# isort: on
 
 
 def format_names():
@@ -116,6 +121,8 @@ PUBLIC = {
 
 
 def __getattr__(name):
+    # By name, on first use: `versions` and `saved_model`'s functions import TensorFlow, which the
+    # onnxruntime server, importing this package, never loads.
     if name in PUBLIC:
         return getattr(importlib.import_module(f"{__name__}.{PUBLIC[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,6 +18,7 @@ import typing
 import keras
 import numpy as np
 
+from .. import tensorflow_import
 from ..data import datasets
 from . import data_parallel, precision, recipe
 
@@ -67,7 +68,7 @@ def configure(config):
     where another backend runs the steps (it reads the images or writes TensorBoard's logs)."""
     keras.config.set_dtype_policy(precision.resolved(config, verbose=False).precision)
     backend = keras.backend.backend()
-    if backend != "tensorflow" and not datasets.tensorflow_installed():
+    if backend != "tensorflow" and not tensorflow_import.tensorflow_installed():
         return
     import tensorflow as tf
 

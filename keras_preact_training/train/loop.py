@@ -19,8 +19,9 @@ import numpy as np
 
 from keras_preact import walks
 
-from .. import checked_files, plots
+from .. import checked_files, plots, tensorflow_import
 from ..data import datasets
+from ..failures import TrainingDiverged
 from . import EVALUATION_BATCH_SIZE, checkpoints, configs, engines, precision, recipe
 
 # test_* or validation_*: the split a run evaluates on (`Config.validation_examples`), average_*
@@ -67,10 +68,6 @@ RESUMABLE_CHANGES = (
     "fused_batch_norm",
     "input_pipeline",
 )
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite."""
 
 
 def train(config, run_dir, verbose=True, command=None, allow_config_changes=False):
@@ -399,7 +396,7 @@ class TrainingLog:
             writer.writeheader()
             writer.writerows(rows)
         self.writer = None
-        if datasets.tensorflow_installed():
+        if tensorflow_import.tensorflow_installed():
             import tensorflow as tf
 
             self.summary = tf.summary

@@ -1,7 +1,7 @@
 """Memory a large request freed, given back to the system.
 
 glibc's malloc keeps what a process frees for its next allocations: after requests of large
-images and bodies both servers held far more than warm (docs/benchmarks.md, "One answer per
+images and bodies both servers held far more than warm (docs/benchmarks-history.md, "One answer per
 image, bounded bodies, cancellation and memory"). glibc raises its thresholds as large
 blocks are freed (mallopt(3): the one for mapping a block apart up to 32 MiB, the one for
 trimming the heap's top to twice that), so freed bodies, strings and pixels stay in the

@@ -19,6 +19,7 @@ import os
 
 import numpy as np
 
+from .. import tensorflow_import
 from .cifar10_folder import ROUTE, check_folder
 from .images import IMAGE_SUFFIXES, image_names
 
@@ -120,17 +121,12 @@ def load(config, splits=("train", "test")):
     return data
 
 
-def tensorflow_installed():
-    """Whether TensorFlow is installed (found by the import system, not imported)."""
-    return importlib.util.find_spec("tensorflow") is not None
-
-
 def input_pipeline_name(config):
     """The input pipeline `config` trains and evaluates through: `config.input_pipeline`, or
     where that is None, "tensorflow" where TensorFlow is installed and "numpy" where not."""
     if config.input_pipeline is not None:
         return config.input_pipeline
-    return "tensorflow" if tensorflow_installed() else "numpy"
+    return "tensorflow" if tensorflow_import.tensorflow_installed() else "numpy"
 
 
 def input_pipeline(config):
@@ -141,12 +137,13 @@ def input_pipeline(config):
         ImportError: for the TensorFlow pipeline where TensorFlow is not installed.
     """
     name = input_pipeline_name(config)
-    if name == "tensorflow" and not tensorflow_installed():
+    if name == "tensorflow" and not tensorflow_import.tensorflow_installed():
         raise ImportError(
             "input_pipeline=tensorflow needs TensorFlow, which is not installed. Received: "
             "input_pipeline='tensorflow'. Install it (pip install tensorflow), or read the data with "
             "NumPy and Pillow: --set input_pipeline=numpy (under KERAS_BACKEND=jax or torch)."
         )
+    # By name: the NumPy pipeline's runs, under JAX or PyTorch, never import TensorFlow's module.
     return importlib.import_module(f"{__package__}.{PIPELINES[name]}")
 
 

@@ -61,6 +61,7 @@ class ModelServer:
                 f"({type(error).__name__}: {error}): export the model again."
             ) from None
         module, name = RUNTIMES[runtime].split(":")
+        # By name: the onnxruntime runtime's server never imports the TensorFlow runtime's module.
         runtime_class = getattr(importlib.import_module(f"{__package__}.{module}"), name)
         self.runtime = runtime_class(
             self.path, self.metadata, self.preprocessing, self.class_names, self.top_k, precision

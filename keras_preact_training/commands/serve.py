@@ -93,8 +93,8 @@ def check(arguments):
 
 
 def run(arguments):
-    from ..cli import import_tensorflow
     from ..serving import server
+    from ..tensorflow_import import import_tensorflow
 
     if not server.serves_onnx(arguments.model_dir, arguments.runtime, arguments.precision):
         # TensorFlow's own choice of kernels: on a processor with AVX2 alone, oneDNN's, which it

@@ -58,7 +58,8 @@ COMMANDS = (
 
 
 def command(name):
-    """The module of command `name`."""
+    """The module of command `name`, imported by name: only the command that runs is imported, so
+    that the commands without TensorFlow (data, query, zoo, serve's onnxruntime) never load it."""
     return importlib.import_module(f"{__name__}.{name}")
 
 

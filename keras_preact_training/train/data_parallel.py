@@ -21,6 +21,8 @@ import os
 import keras
 import numpy as np
 
+from ..failures import PeerLost
+
 # Keras' environment variables for `keras.distribution.initialize`, each the value of one of
 # train's flags: the coordinator's address (the first of a comma-separated list), the number
 # of processes, this process's id.
@@ -29,10 +31,6 @@ ENVIRONMENT = {
     "processes": "KERAS_DISTRIBUTION_NUM_PROCESSES",
     "process_id": "KERAS_DISTRIBUTION_PROCESS_ID",
 }
-
-
-class PeerLost(RuntimeError):
-    """Another process of a multi-process run ended: this one cannot go on."""
 
 
 def check_processes(coordinator, processes, process_id):

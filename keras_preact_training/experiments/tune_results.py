@@ -4,8 +4,9 @@ Markdown and CSV, and its plot."""
 import csv
 import os
 
-from . import GATINGS
-from .tune import FAIL, GATE_BIASES, PAPER
+from . import GATE_BIASES, GATINGS
+from .ablation import FAIL
+from .ablation import GATE_BIAS_ERRORS as PAPER
 
 
 def write_results(output, config, results, best, test_error, training_examples, validation_examples):

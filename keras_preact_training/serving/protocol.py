@@ -109,7 +109,7 @@ def parse(body, signatures, image_shape, max_batch):
     if unknown or ("instances" in request) == ("inputs" in request):
         raise BadRequest(
             "The request needs exactly one of 'instances' (row format) or 'inputs' (columnar), "
-            f"and optionally 'signature_name'. Received keys: {sorted(request)}"
+            f"and optionally 'signature_name'. Received keys: {keys_text(request)}"
         )
     signature = signatures[name]
     key, row_format = signature.key, "instances" in request
@@ -310,3 +310,19 @@ def to_json(array):
 
 def shape_text(shape):
     return "[" + ", ".join("batch" if size is None else str(size) for size in shape) + "]"
+
+
+# An error names at most this many of a request's keys, each cut to KEY_CHARACTERS: what a
+# client sent comes back in a few hundred bytes, however large its object.
+SHOWN_KEYS, KEY_CHARACTERS = 8, 40
+
+
+def keys_text(request):
+    """A JSON object's keys as an error shows them: the first SHOWN_KEYS in order, each cut short,
+    and how many more there are."""
+    keys = sorted(request)
+    shown = [
+        json.dumps(key[:KEY_CHARACTERS] + ("..." if len(key) > KEY_CHARACTERS else "")) for key in keys[:SHOWN_KEYS]
+    ]
+    more = f", and {len(keys) - SHOWN_KEYS:,} more" if len(keys) > SHOWN_KEYS else ""
+    return "[" + ", ".join(shown) + more + "]"

@@ -36,11 +36,9 @@ import tensorflow as tf
 
 from ..data import datasets, input_tensorflow
 from ..train import configs, loop, recipe, tensorflow_steps
-from . import DEFAULT_VALIDATION_EXAMPLES, GATINGS, ablation
+from . import DEFAULT_VALIDATION_EXAMPLES, GATE_BIASES, GATINGS, ablation, tune_results
 from .tune_processes import ORACLE_HOST, ORACLE_PORT, TUNER_ID, role
 
-# b_g from 0 to -10 in steps of -1 (paper, Section 3.1).
-GATE_BIASES = tuple(range(0, -11, -1))
 # Table 1's test errors (%) of ResNet-110 on CIFAR-10, full recipe, median of 5 runs.
 PAPER, FAIL = ablation.GATE_BIAS_ERRORS, ablation.FAIL
 OBJECTIVE = "val_error"
@@ -314,8 +312,6 @@ def search(
         run_dir = os.path.join(output, f"best_{best[0]}_{best[1]}")  # resumes only the same network
         summary = loop.train(final, run_dir, verbose=bool(verbose))
         test_error = 100 * summary["test_error"]
-    from . import tune_results  # it reads this module's tables
-
     tune_results.write_results(
         output, config, results, best, test_error, len(training_indices), len(validation_indices)
     )

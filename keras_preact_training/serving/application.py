@@ -16,6 +16,7 @@ requests still under way when the grace of a stopping server ends (`ServingAPI.s
 
 import asyncio
 import concurrent.futures
+import urllib.parse
 
 from starlette.applications import Starlette
 from starlette.convertors import Convertor, register_url_convertor
@@ -288,10 +289,11 @@ async def client_left(request, exception):
 
 
 class RequestChecks:
-    """ASGI middleware, before routing: an HTTP version other than 1.0, 1.1 and 2 is refused
+    """ASGI middleware, before routing: an HTTP version other than 1.0 and 1.1 is refused
     with 505, a request line past MAX_HEAD_BYTES with 414, headers past it with 431, a request
     with both Content-Length and Transfer-Encoding with 400 (RFC 9112, section 6.1: h11 would
-    read it as chunked and keep the connection), each closing the connection."""
+    read it as chunked and keep the connection), each closing the connection. The others are
+    routed by their target's path as `routed_path` reads it."""
 
     def __init__(self, app):
         self.app = app
@@ -303,13 +305,28 @@ class RequestChecks:
                 status, message = refusal
                 answer = JSONResponse({"error": message}, status, {"Connection": "close"})
                 return await answer(scope, receive, send)
+            scope = dict(scope, path=routed_path(scope["raw_path"]))
         await self.app(scope, receive, send)
+
+
+def routed_path(target):
+    """The path a request target (bytes, as sent) is routed by: the path of an absolute-form
+    target (`http://host/v1/...`, which a server must accept: RFC 9112, section 3.2.2), each
+    segment percent-decoded, and an encoded "/" (%2F) kept encoded, so that it stays part of
+    its segment (a model's name) rather than separating two."""
+    text = target.decode("latin-1")
+    if text.lower().startswith(("http://", "https://")):
+        text = urllib.parse.urlsplit(text).path or "/"
+    segments = [urllib.parse.unquote(segment, errors="replace") for segment in text.split("/")]
+    return "/".join(segment.replace("/", "%2F") for segment in segments)
 
 
 def refused(scope):
     """(status, message) for a request RequestChecks refuses; None for the others."""
     version = scope.get("http_version", "1.1")
-    if version not in ("1.0", "1.1", "2"):  # h11 reads "HTTP/3.0" in a request line as HTTP/1.1
+    # h11 reads "HTTP/3.0" in a request line as HTTP/1.1, and HTTP/2's preface as a request of
+    # version 2.0 (the server speaks no HTTP/2: server.http1_only).
+    if version not in ("1.0", "1.1"):
         return 505, f"HTTP/{version} is not supported: this server speaks HTTP/1.1."
     line = len(scope["method"]) + len(scope["raw_path"]) + len(scope.get("query_string", b"")) + 11
     headers = sum(len(name) + len(value) + 4 for name, value in scope["headers"])

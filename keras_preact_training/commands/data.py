@@ -14,7 +14,10 @@ DESCRIPTION = (
     "Python (cifar-10-python.tar.gz, cifar-100-python.tar.gz, as keras.datasets downloads them: their images "
     "become PNG files, the zoo's data; CIFAR-100's with its 100 fine labels), from cifar10-png.tar.xz or "
     "cifar100-png.tar.xz, or from any archive of an image folder; once: a folder already made is left as it "
-    "is, and a folder that it did not make is never touched."
+    "is, and a folder that it did not make is never touched. An archive of links, devices or paths outside its "
+    f"folder, or of more than {cifar10_folder.MAXIMUM_FILES:,} files or "
+    f"{cifar10_folder.MAXIMUM_BYTES / 2**30:g} GiB (16 times CIFAR-10's 60,000 images, 29 times its 146 MB), "
+    "is refused before anything is written."
 )
 TENSORFLOW = "never"
 BACKENDS = None
@@ -46,6 +49,6 @@ def run(arguments):
     print(
         f"{'Already made' if already else 'Made'}: {folder}, {counts['train'][0]:,} training and "
         f"{counts['test'][0]:,} test images in {counts['train'][1]} classes"
-        + (f" (remove it and {folder}.done to make it again)." if already else ".")
+        + (" (remove it to make it again)." if already else ".")
     )
     return 0

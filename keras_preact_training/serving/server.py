@@ -7,7 +7,8 @@ the connections through its public settings: a request's head must arrive within
 which a head sent a byte at a time does not restart), heads are bounded in size, and a client
 that does not read its answers stops being read (each answer waits for the socket to drain).
 The application bounds what the server cannot: the body's arrival and the grace given to the
-requests under way at SIGTERM (`application.ServingAPI`).
+requests under way at SIGTERM (`application.ServingAPI`). The server speaks HTTP/1.1 alone, as
+TF Serving's REST API does (`http1_only`).
 """
 
 import asyncio
@@ -100,10 +101,52 @@ def run_loop(coroutine):
     return uvloop.run(coroutine)
 
 
+def http1_only():
+    """Hypercorn without HTTP/2 and WebSocket on plain TCP. It would switch a connection to
+    HTTP/2 for a client that opens with HTTP/2's preface or asks for `Upgrade: h2c`, and its
+    HTTP/2 protocol let client frames end in tracebacks in the log (a CONNECT without `:path`:
+    UnboundLocalError) and bounds neither a stream's frames nor a flow-controlled connection as
+    the HTTP/1.1 path does; it would take a request with `Upgrade: websocket` as a WebSocket
+    handshake, and a bad one was answered 400 without a body and its connection kept open for
+    as long as the client kept it. TF Serving's REST API is HTTP/1.1 alone. With this, the
+    preface is read as an HTTP/1.1 request line of version 2.0, answered 505 in TF Serving's
+    JSON (`application.refused`), and every request asking for an upgrade is answered as the
+    HTTP/1.1 request it also is (its `Upgrade` header dropped before Hypercorn reads it).
+
+    Hypercorn offers no public setting for either: this replaces its private
+    `hypercorn.protocol.h11.H11Protocol._check_protocol` (the switch to HTTP/2, and nothing else)
+    and wraps `_create_stream` (which picks a WebSocket stream by that header), both in the
+    pinned hypercorn>=0.18,<0.19; tests/test_serving_battery.py names them and fails when they
+    change."""
+    import h11
+    from hypercorn.protocol.h11 import H11Protocol
+
+    if getattr(H11Protocol, "http1_only", False):
+        return
+    create_stream = H11Protocol._create_stream
+
+    async def stay_on_http1(self, event):
+        return None
+
+    async def create_http_stream(self, request):
+        headers = [(name, value) for name, value in request.headers if name.lower() != b"upgrade"]
+        if len(headers) < len(request.headers):
+            request = h11.Request(
+                method=request.method, target=request.target, headers=headers, http_version=request.http_version
+            )
+        return await create_stream(self, request)
+
+    H11Protocol._check_protocol = stay_on_http1
+    H11Protocol._create_stream = create_http_stream
+    H11Protocol.http1_only = True
+
+
 def server_config(listening, request_timeout, access_log=False):
     """Hypercorn's settings: `listening` served, heads bounded in time and size, stopping within
-    STOP_SECONDS, an access log on standard output where asked for."""
+    STOP_SECONDS, an access log on standard output where asked for; HTTP/1.1 alone (`http1_only`)."""
     import hypercorn.config
+
+    http1_only()
 
     config = hypercorn.config.Config()
     config.bind = [f"fd://{listening.fileno()}"]

@@ -15,6 +15,8 @@ import zipfile
 
 import numpy as np
 
+from ..failures import CheckpointsUnreadable
+
 # Checkpoints kept in a run's folder, the newest.
 KEEP = 3
 FORMATS = {"npz": re.compile(r"ckpt-(\d+)\.npz"), "tensorflow": re.compile(r"ckpt-(\d+)\.index")}
@@ -22,10 +24,6 @@ FORMATS = {"npz": re.compile(r"ckpt-(\d+)\.npz"), "tensorflow": re.compile(r"ckp
 # resumes a run of the others: JAX (without x64) keeps the optimizer's step count as int32
 # and Keras' seed generators their state as uint32.
 CHECKPOINT_DTYPES = {"int32": "int64", "uint32": "int64"}
-
-
-class CheckpointsUnreadable(RuntimeError):
-    """A run directory holds checkpoints and none of them can be restored."""
 
 
 def variables_by_key(model, optimizer):

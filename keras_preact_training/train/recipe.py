@@ -140,7 +140,7 @@ class CoupledSGD(keras.optimizers.SGD):
     of Keras 2's SGD) where Keras 3's SGD traces about 11 operations; other backends run
     Keras' update. With BatchNorm's kernel averaging its own statistics
     (`keras_preact.base_layers`), a deep network's traced step holds about a third of the
-    operations and its first step takes about half the time (docs/benchmarks.md, "The first
+    operations and its first step takes about half the time (docs/benchmarks-history.md, "The first
     training step").
     """
 
@@ -180,7 +180,7 @@ class CoupledSGD(keras.optimizers.SGD):
         # weight in one pass: the rate, the momentum and each distinct decay become one
         # tensor each for the whole step, not one each per weight, and the gradients skip
         # Keras' all-reduce, which has nothing to sum for one replica but traces an
-        # identity per weight (docs/benchmarks.md, "The first training step").
+        # identity per weight (docs/benchmarks-history.md, "The first training step").
         if keras.backend.backend() != "tensorflow" or not self.momentum:
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
         import tensorflow as tf

@@ -22,7 +22,7 @@
 # The data is CIFAR-10 with its original pixels, as PNG folders in
 # ~/.cache/keras-preact/cifar10-png, made once by
 # `.venv/bin/keras-preact data ../shared/data/cifar10-png.tar.xz` (as the tests make it; its
-# cifar10-png.done mark tells them it is there); the CIFAR-100 runs name their own --data-dir,
+# mark inside, .keras-preact-data, tells them it is there); the CIFAR-100 runs name their own --data-dir,
 # ~/.cache/keras-preact/cifar100-png, made once by
 # `.venv/bin/keras-preact data ../shared/data/cifar100-png.tar.xz`. A machine may come back without ~/.cache and
 # without the work tree's ignored files: then `make .venv/installed` (the environment $PYTHON

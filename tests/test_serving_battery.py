@@ -709,22 +709,84 @@ def test_the_server_log_holds_no_traceback_for_http2_frames(exported, tmp_path):
     assert "Traceback" not in text and len(text.splitlines()) <= 15, text[-3000:]
 
 
-def test_the_private_hypercorn_methods_replaced_for_http1_alone_are_there():
+def status_on(connection):
+    """(status, the model's state or the error) of GET /v1/models/cifar10_resnet20 on `connection`."""
+    connection.request("GET", "/v1/models/cifar10_resnet20")
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    return response.status, answer["error"] if "error" in answer else answer["model_version_status"][0]["state"]
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) is not installed")
+@pytest.mark.parametrize("runtime", tuple(RUNTIMES))
+def test_connections_past_the_bound_are_refused_in_json_and_connected_clients_answered(exported, runtime):
+    """Under the usual limit of 1,024 descriptors, 700 idle connections: the server serves 512
+    at once (`server.connection_bounds`), answers a new connection past them 503 in TF Serving's
+    JSON, keeps answering a client already connected, holds well under its limit of descriptors,
+    and serves new connections again within the keep-alive deadline once the crowd has left."""
+    port = free_port()
+    server = subprocess.Popen(
+        ["prlimit", "--nofile=1024", KERAS_PREACT, "serve", str(exported), "--port", str(port), "--runtime", runtime],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    held = []
+    try:
+        assert server.stdout.readline().startswith("Serving")
+        kept = http.client.HTTPConnection("127.0.0.1", port, timeout=30)  # one connection, kept alive
+        assert status_on(kept) == (200, "AVAILABLE")
+        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(700)]
+        time.sleep(1.5)  # the refused ones answered and closed
+        assert len(os.listdir(f"/proc/{server.pid}/fd")) < 800
+        assert status_on(kept) == (200, "AVAILABLE")
+        assert status_on(http.client.HTTPConnection("127.0.0.1", port, timeout=30)) == (
+            503,
+            "The server is serving 512 connections, its most at once: try again in a moment.",
+        )
+        for connection in held:
+            connection.close()
+        deadline = time.monotonic() + 30
+        while status_on(http.client.HTTPConnection("127.0.0.1", port, timeout=30))[0] != 200:
+            assert time.monotonic() < deadline, "still refused 30 s after the crowd left"
+            time.sleep(0.5)
+        assert server.poll() is None
+    finally:
+        for connection in held:
+            connection.close()
+        stop_server(server)
+
+
+def test_the_private_hypercorn_methods_replaced_for_http1_alone_are_there(monkeypatch):
     """`server.http1_only` replaces `hypercorn.protocol.h11.H11Protocol._check_protocol(self,
-    event)` and wraps `_create_stream(self, request)`, private methods of the pinned Hypercorn
-    0.18: this fails when they change."""
+    event)` and wraps `_create_stream(self, request)`, and `server.bound_connections` wraps
+    `hypercorn.asyncio.tcp_server.TCPServer.run(self)` (whose `reader` and `writer` it uses),
+    private parts of the pinned Hypercorn 0.18: this fails when they change."""
     import inspect
 
+    from hypercorn.asyncio.tcp_server import TCPServer
     from hypercorn.protocol.h11 import H11Protocol
 
     from keras_preact_training.serving import server
 
     assert importlib_version("hypercorn").startswith("0.18.")
-    server.http1_only()
-    assert H11Protocol.http1_only
-    for name, parameters in (("_check_protocol", ["self", "event"]), ("_create_stream", ["self", "request"])):
-        method = getattr(H11Protocol, name)
+    for owner, name, parameters in (
+        (H11Protocol, "_check_protocol", ["self", "event"]),
+        (H11Protocol, "_create_stream", ["self", "request"]),
+        (TCPServer, "run", ["self"]),
+    ):
+        method = getattr(owner, name)
         assert inspect.iscoroutinefunction(method) and list(inspect.signature(method).parameters) == parameters
+    assert list(inspect.signature(TCPServer.__init__).parameters)[-2:] == ["reader", "writer"]
+    # Put back as they were after the test, for any other in this process.
+    for owner, name in ((H11Protocol, "_check_protocol"), (H11Protocol, "_create_stream"), (TCPServer, "run")):
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+    monkeypatch.setattr(H11Protocol, "http1_only", False, raising=False)
+    monkeypatch.setattr(TCPServer, "unbounded_run", TCPServer.run, raising=False)
+    server.http1_only()
+    server.bound_connections(8, 4)
+    assert H11Protocol.http1_only and TCPServer.unbounded_run.__qualname__ == "TCPServer.run"
 
 
 # 6. The ONNX models are checked at start -----------------------------------------------------

@@ -13,6 +13,7 @@ TF Serving's REST API does (`http1_only`).
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -141,12 +142,91 @@ def http1_only():
     H11Protocol.http1_only = True
 
 
+def connection_bounds():
+    """(connections served at once, connections being refused at once): a half and a quarter of
+    the process's limit on open files (`ulimit -n`; 512 and 256 under the usual 1,024), at most
+    4,096 and 1,024, so that descriptors remain for the model, the logs and the threads however
+    many clients connect."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft = 1024 if soft == resource.RLIM_INFINITY else soft
+    return max(8, min(4096, soft // 2)), max(4, min(1024, soft // 4))
+
+
+def bound_connections(served, refusing):
+    """Hypercorn serving at most `served` connections at once: past them a connection is answered
+    503 in TF Serving's JSON (with Retry-After) and closed once the client's first bytes are read
+    (at most REFUSAL_SECONDS), so that its answer is not lost to a reset; past `refusing` of
+    those at once, a connection is reset at once. A client already connected is answered as
+    before, and the connections' descriptors stay well under the process's limit.
+
+    Hypercorn offers no public setting for it: this wraps the private
+    `hypercorn.asyncio.tcp_server.TCPServer.run(self)`, one connection's life, in the pinned
+    hypercorn>=0.18,<0.19; tests/test_serving_battery.py names it and fails when it changes."""
+    from hypercorn.asyncio.tcp_server import TCPServer
+
+    run = getattr(TCPServer, "unbounded_run", TCPServer.run)
+    counts = {"served": 0, "refusing": 0}
+
+    async def bounded_run(self):
+        if counts["served"] < served:
+            counts["served"] += 1
+            try:
+                return await run(self)
+            finally:
+                counts["served"] -= 1
+        if counts["refusing"] >= refusing:
+            self.writer.transport.abort()
+            return None
+        counts["refusing"] += 1
+        try:
+            await refuse(self.reader, self.writer, served)
+        finally:
+            counts["refusing"] -= 1
+        return None
+
+    TCPServer.unbounded_run = run
+    TCPServer.run = bounded_run
+
+
+# Seconds a refused connection has to send its request before it is closed.
+REFUSAL_SECONDS = 1.0
+
+
+async def refuse(reader, writer, served):
+    """Answers one connection 503 without reading its request, then closes it."""
+    body = json.dumps(
+        {"error": f"The server is serving {served} connections, its most at once: try again in a moment."}
+    ).encode()
+    writer.write(
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"retry-after: 1\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+    )
+    try:
+        writer.write_eof()
+        # The request read, so that closing with unread bytes does not reset the connection.
+        await asyncio.wait_for(read_to_end(reader), REFUSAL_SECONDS)
+    except (OSError, asyncio.TimeoutError, RuntimeError):
+        pass
+    if writer.transport.get_write_buffer_size():
+        writer.transport.abort()  # a client that reads nothing gets no more of the server's time
+    else:
+        writer.close()
+
+
+async def read_to_end(reader):
+    while await reader.read(2**16):
+        pass
+
+
 def server_config(listening, request_timeout, access_log=False):
     """Hypercorn's settings: `listening` served, heads bounded in time and size, stopping within
     STOP_SECONDS, an access log on standard output where asked for; HTTP/1.1 alone (`http1_only`)."""
     import hypercorn.config
 
     http1_only()
+    bound_connections(*connection_bounds())
 
     config = hypercorn.config.Config()
     config.bind = [f"fd://{listening.fileno()}"]

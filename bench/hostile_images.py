@@ -32,3 +32,22 @@ def animated_gif_bomb(first=64, later=4096, frames=16):
     Image.new("L", (later, later), 128).save(large, format="GIF")
     head, block = gif_parts(small.getvalue())
     return head + block + gif_parts(large.getvalue())[1] * frames + b";"
+
+
+def gif_of_one_byte_sub_blocks(count):
+    """A 64 x 64 GIF whose first frame's data is `count` sub-blocks of one byte each (2 bytes a
+    block): cheap to send, and costly to walk where sub-blocks are walked one at a time."""
+    small = io.BytesIO()
+    Image.new("L", (64, 64), 128).save(small, format="GIF")
+    head, block = gif_parts(small.getvalue())
+    while block[0] == 0x21:  # extensions before the frame
+        block = block[block_end(block, 2) :]
+    descriptor = block[: 10 + 1]  # the image descriptor (no local colour table) and the LZW code size
+    return head + descriptor + b"\x01\x00" * count + b"\x00;"
+
+
+def block_end(blocks, position):
+    """The position after the chain of sub-blocks of `blocks` that starts at `position`."""
+    while blocks[position]:
+        position += blocks[position] + 1
+    return position + 1

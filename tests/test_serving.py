@@ -964,6 +964,9 @@ def test_sigterm_answers_the_requests_under_way_then_503_and_exits(exported, run
     finishing, stuck = (held_connection(port, head + body[:10]) for _ in range(2))
     idle = held_connection(port, b"")
     time.sleep(0.5)
+    # On a loaded machine the server may not have read the heads yet: a head unread at the signal
+    # is an idle connection's, closed at once, and the body sent after it then meets a reset.
+    wait_until_read(port)
     started = time.monotonic()
     server.terminate()
     assert read_until_closed(idle) == b"" and time.monotonic() - started < 2
@@ -976,7 +979,22 @@ def test_sigterm_answers_the_requests_under_way_then_503_and_exits(exported, run
     }
     assert 5 <= time.monotonic() - started < 5 + 2
     server.wait(timeout=10)
-    assert time.monotonic() - started < 5 + 4 and server.returncode == 0, server.stderr.read()[-2000:]
+    # Within a second of the grace (and a second of this machine's load), whatever still runs.
+    assert time.monotonic() - started < 5 + 2 and server.returncode == 0, server.stderr.read()[-2000:]
+
+
+def wait_until_read(port, seconds=30):
+    """Waits until the server listening on `port` has read every byte its connections were sent
+    (Linux's /proc/net/tcp: each connection's receive queue empty on the server's side)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with open("/proc/net/tcp") as table:
+            rows = [line.split() for line in table.read().splitlines()[1:]]
+        waiting = [row for row in rows if int(row[1].split(":")[1], 16) == port and int(row[4].split(":")[1], 16)]
+        if not waiting:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the server on port {port} did not read what its clients sent within {seconds} s")
 
 
 METADATA = b"GET /v1/models/cifar10_resnet20/metadata HTTP/1.1\r\nHost: x\r\n\r\n"

@@ -63,6 +63,11 @@ JPEG_PROGRESSIVE_FRAMES = {0xC2, 0xC6, 0xCA, 0xCE}
 # Chunks a PNG may hold (a 4096 x 4096 PNG in libpng's 8 KB IDAT chunks has about 6,000): the
 # walk over them stays within milliseconds.
 MAX_PNG_CHUNKS = 2**16
+# Sub-blocks in one chain of a GIF (its frame's pixel data, or an extension): encoders write them
+# 255 bytes long, and a 4096 x 4096 frame's LZW data is at most 25 MB (12-bit codes), about
+# 100,000 of them; a chain of one-byte sub-blocks would hold a parse thread in Python's loop
+# for 2.6 s in a 64 MB body (about 18 ms for this many).
+MAX_GIF_SUB_BLOCKS = 2**17
 # What an image may hold besides its pixel data: JPEG markers before the first scan, PNG chunks
 # other than IDAT, GIF extensions before the first frame, and their bytes. A camera's JPEG
 # holds about ten (EXIF, an ICC profile in 64 KB pieces, XMP), a PNG editor's a few dozen.
@@ -161,9 +166,18 @@ def first_gif_frame(encoded):
 
 def after_sub_blocks(encoded, position):
     """The position after the chain of sub-blocks that starts at `position` (past the end of
-    `encoded` where the chain is cut short)."""
+    `encoded` where the chain is cut short). A chain of more than MAX_GIF_SUB_BLOCKS is refused
+    (a ValueError): walking it costs time in Python, and no GIF of the pixels a request may hold
+    needs that many."""
+    blocks = 0
     while position < len(encoded) and encoded[position]:
         position += encoded[position] + 1
+        blocks += 1
+        if blocks > MAX_GIF_SUB_BLOCKS:
+            raise ValueError(
+                f"a GIF whose blocks are split into more than {MAX_GIF_SUB_BLOCKS:,} sub-blocks (an encoder writes "
+                "them 255 bytes long): this server reads no more"
+            )
     return position + 1
 
 

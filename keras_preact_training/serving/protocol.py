@@ -254,9 +254,9 @@ def checked_images(images, key, channels):
                 f"decodes at most {MAX_IMAGE_PIXELS:,} pixels an image.",
                 413,
             )
-        if image_format == "GIF":  # its first frame alone: no later frame is ever decoded
-            encoded = image_formats.first_gif_frame(encoded)
         try:
+            if image_format == "GIF":  # its first frame alone: no later frame is ever decoded
+                encoded = image_formats.first_gif_frame(encoded)
             image_formats.check(encoded, image_format, mode, channels)
         except ValueError as error:
             raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): {error}") from None

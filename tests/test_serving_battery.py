@@ -637,6 +637,36 @@ def test_a_half_close_is_the_client_leaving(served):
             assert json.loads(received.split(b"\r\n\r\n", 1)[1])["error"].endswith("the request was dropped.")
 
 
+def test_expect_100_continue_with_a_body_too_large_gets_the_413_first(served):
+    """The body is never invited: no `100 Continue` before the 413, and the connection closed;
+    a body within the bound is invited as HTTP/1.1 says."""
+    _, port, _ = served
+    head = PREDICT + b"Host: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
+    received = raw_exchange(port, head % 100_000_000, timeout=10)
+    assert received.startswith(b"HTTP/1.1 413 ") and b"HTTP/1.1 100" not in received, received[:300]
+    assert json.loads(received.split(b"\r\n\r\n", 1)[1]) == {
+        "error": "The request body is too large: at most 67108864 bytes. Received: 100000000"
+    }
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(head % 17)
+        assert connection.recv(100).startswith(b"HTTP/1.1 100 ")
+
+
+@pytest.mark.parametrize("method", [b"get", b"Get", b"post"])
+def test_methods_are_case_sensitive(served, method):
+    """RFC 9110, section 9.1: `get` is not GET (Hypercorn upper-cases a method; the server
+    compares it with the method sent), a 405 in JSON, whatever header a client adds to pass."""
+    _, port, _ = served
+    received = raw_exchange(
+        port, method + b" /v1/models/cifar10_resnet20 HTTP/1.1\r\nHost: x\r\nX-Keras-Preact-Method: GET\r\n\r\n"
+    )
+    assert received.startswith(b"HTTP/1.1 405 ") and received.count(b"HTTP/1.1 ") == 1, received[:300]
+    assert json.loads(received.split(b"\r\n\r\n", 1)[1]) == {
+        "error": f"Method {method.decode()!r} is not allowed: methods are case-sensitive (RFC 9110, section 9.1); "
+        "use GET or POST."
+    }
+
+
 def test_an_http_version_other_than_1_is_a_505(served):
     _, port, _ = served
     received = raw_exchange(port, b"GET /v1/models/cifar10_resnet20 HTTP/2.0\r\nHost: x\r\n\r\n" + SMUGGLED)

@@ -35,6 +35,9 @@ MAX_BODY_BYTES = 64 * 2**20
 # refuses a head past MAX_HEAD_BYTES while it arrives in pieces (its 431, empty, the connection
 # closed); one that arrives in one read (up to 64 KiB) reaches the application, which refuses it.
 MAX_HEAD_BYTES = 16 * 2**10
+# The header in which the server passes a request's method as the client sent it
+# (`server.http1_only`): Hypercorn gives the application the method upper-cased.
+METHOD_HEADER = "x-keras-preact-method"
 # Where a request's scope says its body was read whole (`ServingAPI.read_body`).
 BODY_READ = "keras_preact.body_read"
 # The seconds a client told "busy" (503) is asked to wait (its Retry-After header).
@@ -329,7 +332,7 @@ def refused(scope):
     if version not in ("1.0", "1.1"):
         return 505, f"HTTP/{version} is not supported: this server speaks HTTP/1.1."
     line = len(scope["method"]) + len(scope["raw_path"]) + len(scope.get("query_string", b"")) + 11
-    headers = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+    headers = sum(len(name) + len(value) + 4 for name, value in scope["headers"] if name != METHOD_HEADER.encode())
     if line > MAX_HEAD_BYTES:
         return 414, f"The request line is too long: at most {MAX_HEAD_BYTES} bytes. Received: {line} bytes"
     if headers > MAX_HEAD_BYTES:
@@ -337,6 +340,12 @@ def refused(scope):
     names = {name.lower() for name, _ in scope["headers"]}
     if {b"content-length", b"transfer-encoding"} <= names:
         return 400, "The request has both Content-Length and Transfer-Encoding: send one of them."
+    sent = dict(scope["headers"]).get(METHOD_HEADER.encode())
+    if sent is not None and sent.decode("latin-1") != scope["method"]:
+        return 405, (
+            f"Method {sent.decode('latin-1')[:20]!r} is not allowed: methods are case-sensitive (RFC 9110, "
+            "section 9.1); use GET or POST."
+        )
     return None
 
 

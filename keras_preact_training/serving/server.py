@@ -28,7 +28,7 @@ from . import (
     DEFAULT_REQUEST_TIMEOUT,
     memory,
 )
-from .application import MAX_HEAD_BYTES, application
+from .application import MAX_BODY_BYTES, MAX_HEAD_BYTES, METHOD_HEADER, application
 from .model import ModelServer, runtime_formats
 
 # Connections waiting to be accepted (the standard library's default of 5 reset clients at
@@ -114,6 +114,14 @@ def http1_only():
     JSON (`application.refused`), and every request asking for an upgrade is answered as the
     HTTP/1.1 request it also is (its `Upgrade` header dropped before Hypercorn reads it).
 
+    The same wrapper does two things more at a request's start. A request that says
+    `Expect: 100-continue` and a Content-Length past `application.MAX_BODY_BYTES` is not told
+    to go on (Hypercorn would answer `100 Continue` before the application's 413): the 413
+    comes first, and the body is never invited. And the method as the client sent it goes to
+    the application in the header `application.METHOD_HEADER` (a client's own header of that
+    name dropped), for Hypercorn upper-cases methods and HTTP's are case-sensitive (RFC 9110,
+    section 9.1): `get` is no `GET`.
+
     Hypercorn offers no public setting for either: this replaces its private
     `hypercorn.protocol.h11.H11Protocol._check_protocol` (the switch to HTTP/2, and nothing else)
     and wraps `_create_stream` (which picks a WebSocket stream by that header), both in the
@@ -130,16 +138,27 @@ def http1_only():
         return None
 
     async def create_http_stream(self, request):
-        headers = [(name, value) for name, value in request.headers if name.lower() != b"upgrade"]
-        if len(headers) < len(request.headers):
-            request = h11.Request(
-                method=request.method, target=request.target, headers=headers, http_version=request.http_version
-            )
+        dropped = (b"upgrade", METHOD_HEADER.encode())
+        headers = [(name, value) for name, value in request.headers if name.lower() not in dropped]
+        request = h11.Request(
+            method=request.method,
+            target=request.target,
+            headers=[*headers, (METHOD_HEADER.encode(), request.method)],
+            http_version=request.http_version,
+        )
+        if too_large(headers):
+            self.connection.client_is_waiting_for_100_continue = False
         return await create_stream(self, request)
 
     H11Protocol._check_protocol = stay_on_http1
     H11Protocol._create_stream = create_http_stream
     H11Protocol.http1_only = True
+
+
+def too_large(headers):
+    """Whether a request's headers (h11's, lower-case names) announce a body past MAX_BODY_BYTES."""
+    lengths = [value for name, value in headers if name == b"content-length"]
+    return bool(lengths) and lengths[0].isdigit() and int(lengths[0]) > MAX_BODY_BYTES
 
 
 def connection_bounds():

@@ -31,7 +31,7 @@ from keras_preact_training import export
 from keras_preact_training.data import input_tensorflow
 from keras_preact_training.export import contract, saved_model
 from keras_preact_training.serving import client as query_client
-from keras_preact_training.serving import image_formats
+from keras_preact_training.serving import image_formats, protocol
 from keras_preact_training.serving.application import ServingAPI
 from keras_preact_training.serving.batching import Batcher
 from keras_preact_training.serving.model import RUNTIMES, ModelServer
@@ -168,6 +168,22 @@ def test_many_requests_just_under_the_large_bound_are_large_work_together():
     assert results == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0] and idle == 2
     assert all(len(call) == 1 for call in model.calls[2:5])  # each request just under the bound alone
     assert model.calls[-1] == [1, 1]  # the small ones together
+
+
+def test_a_progressive_jpegs_cost_counts_its_scans():
+    """A request's decoding cost is its pixels once a pass: a 100 x 100 progressive JPEG of
+    libjpeg's 10 scans costs 100,000 pixels, large for CIFAR (past 65,536) where the same
+    image in one scan costs 10,000; a PNG, a GIF and a BMP cost their pixels."""
+    pixels = np.random.default_rng(3).integers(0, 256, (100, 100, 3), dtype=np.uint8)
+    costs = {}
+    for name, options in (("baseline", {}), ("progressive", {"progressive": True})):
+        encoded = io.BytesIO()
+        Image.fromarray(pixels).save(encoded, format="JPEG", quality=90, **options)
+        costs[name] = protocol.checked_images([encoded.getvalue()], "images", 3)[1]
+    for image_format in ("PNG", "GIF", "BMP"):
+        costs[image_format] = protocol.checked_images([encoded_image(pixels, image_format)], "images", 3)[1]
+    assert costs == {"baseline": 10_000, "progressive": 100_000, "PNG": 10_000, "GIF": 10_000, "BMP": 10_000}
+    assert costs["baseline"] <= LARGE_PIXELS < costs["progressive"]
 
 
 class Unmeasurable(Parsed):

@@ -143,6 +143,26 @@ def taller_jpeg(jpeg, rows):
     return jpeg[:frame] + (height + rows).to_bytes(2, "big") + jpeg[frame + 2 :]
 
 
+def gif_on_screen(gif, screen, offset):
+    """`gif` with its screen (width, height) and its first frame's offset (left, top) rewritten."""
+    edited = bytearray(gif)
+    edited[6:10] = struct.pack("<HH", *screen)
+    position = GIF_HEAD if gif[10] & 0x80 else 13
+    while edited[position] == 0x21:  # extensions, each a chain of sub-blocks
+        position += 2
+        while edited[position]:
+            position += edited[position] + 1
+        position += 1
+    edited[position + 1 : position + 5] = struct.pack("<HH", *offset)
+    return bytes(edited)
+
+
+def ycck_jpeg(cmyk_jpeg):
+    """A CMYK JPEG whose Adobe segment says YCCK (transform 2): libjpeg converts it to CMYK."""
+    adobe = cmyk_jpeg.index(b"Adobe")
+    return cmyk_jpeg[: adobe + 11] + b"\x02" + cmyk_jpeg[adobe + 12 :]
+
+
 def catalogue(seed=0):
     """{name: encoded bytes}: the formats and modes a client may send, and damaged ones."""
     rng = np.random.default_rng(seed)
@@ -165,6 +185,7 @@ def catalogue(seed=0):
         "JPEG optimized": saved(colour, "JPEG", optimize=True),
         "JPEG grey": saved(Image.fromarray(grey), "JPEG"),
         "JPEG CMYK": saved(colour.convert("CMYK"), "JPEG"),
+        "JPEG YCCK": ycck_jpeg(saved(colour.convert("CMYK"), "JPEG")),
         "JPEG with EXIF orientation": saved(
             colour, "JPEG", exif=b"Exif\0\0MM\0*\0\0\0\x08\0\x01\x01\x12\0\x03\0\0\0\x01\0\x06\0\0\0\0\0\0"
         ),
@@ -195,6 +216,13 @@ def catalogue(seed=0):
         "GIF with transparency": saved(palette, "GIF", transparency=0),
         "GIF interlaced": saved(palette, "GIF", interlace=True),
         "GIF animated": saved(palette, "GIF", save_all=True, append_images=[Image.fromarray(rgb[::-1]).quantize(16)]),
+        "GIF frame larger than its screen": gif_on_screen(saved(palette, "GIF"), (10, 10), (0, 0)),
+        "GIF frame at an offset": gif_on_screen(
+            saved(Image.fromarray(rgb[:10, :10]).quantize(16), "GIF"), (WIDTH, HEIGHT), (5, 4)
+        ),
+        "GIF frame past its screen": gif_on_screen(
+            saved(Image.fromarray(rgb[:10, :10]).quantize(16), "GIF"), (12, 12), (6, 6)
+        ),
         "BMP RGB": saved(colour, "BMP"),
         "BMP RGBA": saved(Image.fromarray(np.concatenate([rgb, alpha], -1)), "BMP"),
         "BMP grey": saved(Image.fromarray(grey), "BMP"),
@@ -312,6 +340,9 @@ REFUSED = {
     "PNG with 9 compressed texts": "a PNG of more than 8 compressed text chunks: this server inflates no more",
     "PNG with 300 texts": HEADER_FLOOD.format(kind="PNG"),
     "GIF with 300 comments": HEADER_FLOOD.format(kind="GIF"),
+    "GIF frame at an offset": f"a GIF whose first frame (10 x 10 at 5, 4) leaves part of its {WIDTH} x {HEIGHT} screen "
+    "bare, which the two runtimes' decoders fill differently",
+    "GIF frame past its screen": "a GIF whose first frame (10 x 10 at 6, 6) leaves part of its 12 x 12 screen bare",
     "not an image: text": "Unknown image file format",
     "not accepted: WebP": "Unknown image file format",
     "not accepted: TIFF": "Unknown image file format",
@@ -321,6 +352,7 @@ REFUSED = {
 # Refused for a 1-channel model only.
 REFUSED_FOR_GREY = {
     "JPEG CMYK": "a CMYK JPEG for a 1-channel model: TensorFlow's JPEG decoder makes no grey of CMYK",
+    "JPEG YCCK": "a CMYK JPEG for a 1-channel model: TensorFlow's JPEG decoder makes no grey of CMYK",
     "PNG 16-bit RGB": "a 16-bit colour PNG for a 1-channel model: ",
     "PNG 16-bit RGBA": "a 16-bit colour PNG for a 1-channel model: ",
 }

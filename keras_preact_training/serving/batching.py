@@ -17,10 +17,10 @@ class Batcher:
     With `batching`, the requests of one signature that wait while every thread is busy
     go to the network together, up to `max_batch` instances (TF Serving's request batching):
     a lone request waits for nothing, and under load one call serves many requests. Fairness
-    counts pixels: a request whose images decode to more pixels than a full batch at the
-    network's own size (`large_pixels`, `model.max_batch` x `model.image_pixels`) is large,
-    decoding for up to seconds where the others take milliseconds (docs/benchmarks.md,
-    "Decoding the largest request on each runtime"); large requests are never batched with
+    counts the pixels decoding costs (`Parsed.pixels`: a JPEG's once a scan): a request that
+    costs more than a full batch at the network's own size (`large_pixels`, `model.max_batch` x
+    `model.image_pixels`) is large, decoding for up to seconds where the others take
+    milliseconds (docs/benchmarks-history.md, "Decoding the largest request on each runtime"); large requests are never batched with
     small ones, a batch of small ones stays within `large_pixels` (many requests just under
     the bound are large work together) and one of large ones within MAX_REQUEST_PIXELS, and
     large requests run on at most `threads - 1` threads at once: however slowly their images
@@ -116,5 +116,5 @@ class Batcher:
             self.dispatch()
 
     def is_large(self, parsed):
-        """Whether the `Parsed` request's images decode to more than `large_pixels`."""
+        """Whether decoding the `Parsed` request's images costs more than `large_pixels`."""
         return parsed.pixels > self.large_pixels

@@ -191,6 +191,42 @@ def check(encoded, image_format, mode, channels):
         check_bmp(encoded, mode)
     elif image_format in ("JPEG", "MPO"):
         check_jpeg(encoded, mode, channels)
+    elif image_format == "GIF":
+        check_gif(encoded)
+
+
+def check_gif(encoded):
+    """The first frame covers the whole screen: where it leaves part of the screen bare (placed
+    at an offset, or smaller), TensorFlow's GIF decoder and Pillow fill that part differently
+    (classes apart on 2026-12-07: a 10 x 10 frame at (5, 4) on a 23 x 19 screen). A frame larger
+    than its screen is decoded alike by both."""
+    if len(encoded) < 13:
+        return
+    screen = int.from_bytes(encoded[6:8], "little"), int.from_bytes(encoded[8:10], "little")
+    flags = encoded[10]
+    position = 13 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)
+    while position < len(encoded) and encoded[position] == 0x21:
+        position = after_sub_blocks(encoded, position + 2)
+    if position + 9 > len(encoded) or encoded[position] != 0x2C:
+        return  # no frame: the decoders refuse it
+    left, top, width, height = (
+        int.from_bytes(encoded[start : start + 2], "little") for start in range(position + 1, position + 9, 2)
+    )
+    if left or top or width < screen[0] or height < screen[1]:
+        raise ValueError(
+            f"a GIF whose first frame ({width} x {height} at {left}, {top}) leaves part of its {screen[0]} x "
+            f"{screen[1]} screen bare, which the two runtimes' decoders fill differently; {SEND_PNG}"
+        )
+
+
+def decode_passes(encoded, image_format):
+    """How many times decoding `encoded` goes over its pixels: a JPEG's scans (each scan of a
+    progressive JPEG is a pass over every block; a baseline JPEG has one, or one a component),
+    one for any other format. A request's decoding cost is its pixels times this, so that a small
+    progressive JPEG of many scans is large work (`batching.Batcher`)."""
+    if image_format in ("JPEG", "MPO"):
+        return max(1, encoded.count(JPEG_START_OF_SCAN))
+    return 1
 
 
 def check_jpeg(encoded, mode, channels):

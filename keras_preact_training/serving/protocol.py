@@ -56,7 +56,9 @@ class Parsed:
     key: str
     values: object  # a numpy array of the input's dtype, or a list of encoded images (bytes)
     row_format: bool
-    pixels: int = 0  # the images' decoded pixels, from their headers
+    # The images' decoding cost, in pixels decoded: each image's pixels from its header, a JPEG's
+    # once a scan (`image_formats.decode_passes`). The batcher sorts requests by it.
+    pixels: int = 0
 
     def __len__(self):
         return len(self.values)
@@ -218,14 +220,15 @@ def count_separators(body, limit):
 
 
 def checked_images(images, key, channels):
-    """The encoded `images` as the network of `channels` decodes them, and their pixels, read
-    from their headers (Pillow reads a header without decoding the image, once
+    """The encoded `images` as the network of `channels` decodes them, and the pixels decoding them
+    costs (each image's pixels, read from its header, times its passes: `image_formats.decode_passes`),
+    read from their headers (Pillow reads a header without decoding the image, once
     `image_formats.check_header` has bounded it): a BadRequest for files whose headers hold
     too much, that are not JPEG, PNG, GIF or BMP, for those the two runtimes would decode
     differently (`image_formats.check`), for an image over MAX_IMAGE_PIXELS and for a request over
     MAX_REQUEST_PIXELS. A GIF is cut after its first frame (`image_formats.first_gif_frame`,
     without decoding it), so that no later frame is ever decoded."""
-    total, checked = 0, []
+    total, cost, checked = 0, 0, []
     for index, encoded in enumerate(images):
         try:
             image_formats.check_header(encoded)
@@ -261,6 +264,7 @@ def checked_images(images, key, channels):
         except ValueError as error:
             raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): {error}") from None
         total += width * height
+        cost += width * height * image_formats.decode_passes(encoded, image_format)
         checked.append(encoded)
     if total > MAX_REQUEST_PIXELS:
         raise BadRequest(
@@ -268,7 +272,7 @@ def checked_images(images, key, channels):
             f"at most {MAX_REQUEST_PIXELS:,} pixels a request.",
             413,
         )
-    return checked, total
+    return checked, cost
 
 
 def concatenated(requests):

@@ -439,18 +439,20 @@ def test_a_gif_is_cut_after_its_first_frame_without_decoding():
 
 
 def test_a_gif_of_tiny_sub_blocks_is_refused_in_milliseconds_on_both_runtimes(served):
-    """A GIF's frame in 10 million one-byte sub-blocks (20 MB: a parse thread held 1.1 s walking
-    them): the same 400 from both runtimes, at once, past MAX_GIF_SUB_BLOCKS."""
+    """A 64 x 64 GIF's frame in 10 million one-byte sub-blocks (20 MB: a parse thread was held
+    1.1 s walking them): the same 400 from both runtimes, at once, past the frame's pixels' worth
+    of sub-blocks (2 bytes a pixel in 255-byte sub-blocks, and 64 more: 96)."""
     client, _, _ = served
     started = time.perf_counter()
     status, answer = client.post(PATH, {"instances": [b64(gif_of_one_byte_sub_blocks(10_000_000))]})
     assert status == 400 and answer["error"].endswith(
-        f"instance 0 (20000038 bytes): a GIF whose blocks are split into more than "
-        f"{image_formats.MAX_GIF_SUB_BLOCKS:,} sub-blocks (an encoder writes them 255 bytes long): this server "
-        f"reads no more"
+        "instance 0 (20000038 bytes): a GIF whose sub-blocks for its 64 x 64 frame are more than 96 (an encoder "
+        "writes them 255 bytes long): this server reads no more"
     ), answer
     assert time.perf_counter() - started < 5  # the body's 27 MB of JSON included
-    assert image_formats.first_gif_frame(gif_of_one_byte_sub_blocks(image_formats.MAX_GIF_SUB_BLOCKS))
+    assert image_formats.first_gif_frame(gif_of_one_byte_sub_blocks(96))
+    with pytest.raises(ValueError, match="more than 96"):
+        image_formats.first_gif_frame(gif_of_one_byte_sub_blocks(97))
 
 
 def test_a_gif_is_answered_as_the_saved_model_decodes_it(served, exported):

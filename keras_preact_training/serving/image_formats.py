@@ -63,11 +63,15 @@ JPEG_PROGRESSIVE_FRAMES = {0xC2, 0xC6, 0xCA, 0xCE}
 # Chunks a PNG may hold (a 4096 x 4096 PNG in libpng's 8 KB IDAT chunks has about 6,000): the
 # walk over them stays within milliseconds.
 MAX_PNG_CHUNKS = 2**16
-# Sub-blocks in one chain of a GIF (its frame's pixel data, or an extension): encoders write them
-# 255 bytes long, and a 4096 x 4096 frame's LZW data is at most 25 MB (12-bit codes), about
-# 100,000 of them; a chain of one-byte sub-blocks would hold a parse thread in Python's loop
-# for 2.6 s in a 64 MB body (about 18 ms for this many).
+# Sub-blocks of a GIF, walked one at a time in Python (a chain of one-byte sub-blocks in a 64 MB
+# body held a parse thread 2.6 s): a frame's pixel data in at most its pixels' worth, 2 bytes a
+# pixel (LZW's 12-bit codes take at most 1.5) in the 255-byte sub-blocks encoders write, plus
+# GIF_FRAME_SUB_BLOCKS_SLACK, and at most MAX_GIF_SUB_BLOCKS (a 4096 x 4096 frame's, 18 ms
+# to walk); the extensions before it in MAX_GIF_EXTENSION_SUB_BLOCKS together. A request's
+# walks are so bounded by its pixels (MAX_REQUEST_PIXELS) and instances.
 MAX_GIF_SUB_BLOCKS = 2**17
+GIF_FRAME_SUB_BLOCKS_SLACK = 64
+MAX_GIF_EXTENSION_SUB_BLOCKS = 2**14
 # What an image may hold besides its pixel data: JPEG markers before the first scan, PNG chunks
 # other than IDAT, GIF extensions before the first frame, and their bytes. A camera's JPEG
 # holds about ten (EXIF, an ICC profile in 64 KB pieces, XMP), a PNG editor's a few dozen.
@@ -148,37 +152,44 @@ def first_gif_frame(encoded):
         return encoded
     flags = encoded[10]
     position = 13 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)
-    segments = 0
+    segments, extension_blocks = 0, 0
     while position + 10 <= len(encoded):
         if encoded[position] == 0x21:  # an extension: its label, then sub-blocks
             segments += 1
-            position = after_sub_blocks(encoded, position + 2)
+            position, blocks = after_sub_blocks(
+                encoded, position + 2, MAX_GIF_EXTENSION_SUB_BLOCKS - extension_blocks, "its extensions"
+            )
+            extension_blocks += blocks
             header_bounded("GIF", segments, position)
         elif encoded[position] == 0x2C:  # the first image descriptor, its local colour table, LZW size
+            width, height = (
+                int.from_bytes(encoded[start : start + 2], "little") for start in (position + 5, position + 7)
+            )
+            most = min(MAX_GIF_SUB_BLOCKS, width * height * 2 // 255 + GIF_FRAME_SUB_BLOCKS_SLACK)
             local = encoded[position + 9]
             position += 10 + (3 * 2 ** ((local & 7) + 1) if local & 0x80 else 0) + 1
-            position = after_sub_blocks(encoded, position)
+            position, _ = after_sub_blocks(encoded, position, most, f"its {width} x {height} frame")
             return encoded[:position] + b";" if position <= len(encoded) else encoded
         else:
             return encoded
     return encoded
 
 
-def after_sub_blocks(encoded, position):
-    """The position after the chain of sub-blocks that starts at `position` (past the end of
-    `encoded` where the chain is cut short). A chain of more than MAX_GIF_SUB_BLOCKS is refused
-    (a ValueError): walking it costs time in Python, and no GIF of the pixels a request may hold
-    needs that many."""
+def after_sub_blocks(encoded, position, most=MAX_GIF_SUB_BLOCKS, what="a chain"):
+    """(The position after the chain of sub-blocks that starts at `position`, past the end of
+    `encoded` where the chain is cut short; its sub-blocks). More than `most` sub-blocks (for
+    `what`) are refused, a ValueError: walking them costs time in Python, and no GIF of the
+    pixels a request may hold needs them."""
     blocks = 0
     while position < len(encoded) and encoded[position]:
         position += encoded[position] + 1
         blocks += 1
-        if blocks > MAX_GIF_SUB_BLOCKS:
+        if blocks > most:
             raise ValueError(
-                f"a GIF whose blocks are split into more than {MAX_GIF_SUB_BLOCKS:,} sub-blocks (an encoder writes "
-                "them 255 bytes long): this server reads no more"
+                f"a GIF whose sub-blocks for {what} are more than {most:,} (an encoder writes them 255 bytes "
+                "long): this server reads no more"
             )
-    return position + 1
+    return position + 1, blocks
 
 
 def check(encoded, image_format, mode, channels):
@@ -206,7 +217,7 @@ def check_gif(encoded):
     flags = encoded[10]
     position = 13 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)
     while position < len(encoded) and encoded[position] == 0x21:
-        position = after_sub_blocks(encoded, position + 2)
+        position, _ = after_sub_blocks(encoded, position + 2)
     if position + 9 > len(encoded) or encoded[position] != 0x2C:
         return  # no frame: the decoders refuse it
     left, top, width, height = (

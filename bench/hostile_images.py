@@ -34,11 +34,11 @@ def animated_gif_bomb(first=64, later=4096, frames=16):
     return head + block + gif_parts(large.getvalue())[1] * frames + b";"
 
 
-def gif_of_one_byte_sub_blocks(count):
-    """A 64 x 64 GIF whose first frame's data is `count` sub-blocks of one byte each (2 bytes a
-    block): cheap to send, and costly to walk where sub-blocks are walked one at a time."""
+def gif_of_one_byte_sub_blocks(count, side=64):
+    """A `side` x `side` GIF whose first frame's data is `count` sub-blocks of one byte each (2
+    bytes a block): cheap to send, and costly to walk where sub-blocks are walked one at a time."""
     small = io.BytesIO()
-    Image.new("L", (64, 64), 128).save(small, format="GIF")
+    Image.new("L", (side, side), 128).save(small, format="GIF")
     head, block = gif_parts(small.getvalue())
     while block[0] == 0x21:  # extensions before the frame
         block = block[block_end(block, 2) :]

@@ -13,7 +13,9 @@ them) and:
   that never finishes) held open while 8 clients send 20 requests each (their p95), and
   how many of the 300 the server has closed 15 s later; 2 clients sending requests of four
   4096 x 4096 PNGs while 8 clients send 20 small requests each (their p50 and p95), and the
-  same with 16 clients sending requests of one JPEG just under the large bound (`JUST_UNDER`);
+  same with 16 clients sending requests of one JPEG just under the large bound (`JUST_UNDER`),
+  with 16 sending a 200 x 200 progressive JPEG (under the bound in pixels, past it in decoding
+  cost), and with 2 sending four 4096 x 4096 GIF frames in one-byte sub-blocks a request;
   an image bomb (a 431 KB PNG of 20000 x 20000 pixels) and the seconds until it is refused;
   eight animated GIFs of a 64 x 64 frame and 16 frames of 4096 x 4096 in one request;
   four 57 MB bodies of 15 million numbers at once, while a probe client asks for the model's status every 10 ms
@@ -52,7 +54,7 @@ import numpy as np
 import tensorflow as tf
 from export_serving import CIFAR, exported
 from harness import machine
-from hostile_images import animated_gif_bomb
+from hostile_images import animated_gif_bomb, gif_of_one_byte_sub_blocks
 
 HALF_OPEN_CONNECTIONS = 300
 # Images just under the bounds of a large request: a full batch at CIFAR's size (64 x 32 x 32
@@ -262,12 +264,21 @@ def large_images(served, bodies, expected, clients=2, requests=4):
     return normal, statuses
 
 
-def just_under(served, bodies, expected, height, width, clients=16):
+def just_under(served, bodies, expected, height, width, clients=16, progressive=False):
     """`clients` clients each sending, for as long as 8 clients send 20 small requests each,
     requests of one `height` x `width` JPEG: (the small ones' figures, theirs answered)."""
     pixels = np.random.default_rng(11).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    image = base64.b64encode(tf.io.encode_jpeg(pixels, quality=90).numpy()).decode()
-    body = json.dumps({"instances": [{"b64": image}]}).encode()
+    image = tf.io.encode_jpeg(pixels, quality=90, progressive=progressive).numpy()
+    return looping(served, bodies, expected, json.dumps({"instances": [{"b64": b64(image)}]}).encode(), clients)
+
+
+def b64(encoded):
+    return base64.b64encode(encoded).decode()
+
+
+def looping(served, bodies, expected, body, clients):
+    """`clients` clients each sending `body` again and again, for as long as 8 clients send 20
+    small requests each: (the small ones' figures, theirs answered)."""
     done = threading.Event()
 
     def send(_):
@@ -394,6 +405,35 @@ def attack_large_images(name, served, bodies, expected):
     )
 
 
+def attack_progressive(name, served, bodies, expected):
+    normal, answered = just_under(served, bodies, expected, 200, 200, progressive=True)
+    print(
+        f"{name}: 16 clients sending one 200 x 200 progressive JPEG (10 scans: 40,000 pixels, decoding 400,000) "
+        f"a request: 8 clients x 20 small requests meanwhile p50 {1000 * normal['p50']:.0f} ms, p95 "
+        f"{1000 * normal['p95']:.0f} ms, {normal['failures']} failures; {answered} of theirs answered",
+        flush=True,
+    )
+
+
+def attack_gif_sub_blocks(name, served, bodies, expected):
+    """Two clients sending four GIFs a request, each a 4096 x 4096 frame in one-byte sub-blocks,
+    as many as a frame of its pixels may have (MAX_GIF_SUB_BLOCKS): the most walking a request's
+    sub-blocks can cost."""
+    from keras_preact_training.serving import image_formats
+
+    gif = gif_of_one_byte_sub_blocks(image_formats.MAX_GIF_SUB_BLOCKS, side=4096)
+    body = json.dumps({"instances": [{"b64": b64(gif)}] * 4}).encode()
+    before = served.resident_megabytes()
+    normal, answered = looping(served, bodies, expected, body, clients=2)
+    print(
+        f"{name}: 2 clients sending four 4096 x 4096 GIF frames of {image_formats.MAX_GIF_SUB_BLOCKS:,} one-byte "
+        f"sub-blocks a request ({len(body) / 2**20:.1f} MB): 8 clients x 20 small requests meanwhile p50 "
+        f"{1000 * normal['p50']:.0f} ms, p95 {1000 * normal['p95']:.0f} ms, {normal['failures']} failures; "
+        f"{answered} of theirs answered; resident {before:.0f} -> {served.resident_megabytes():.0f} MB",
+        flush=True,
+    )
+
+
 def attack_just_under(name, served, bodies, expected):
     for height, width in JUST_UNDER:
         normal, answered = just_under(served, bodies, expected, height, width)
@@ -443,6 +483,8 @@ ATTACKS = {
     "half_open": attack_half_open,
     "large_images": attack_large_images,
     "just_under": attack_just_under,
+    "progressive": attack_progressive,
+    "gif_sub_blocks": attack_gif_sub_blocks,
     "bomb": attack_bomb,
     "gifs": attack_gifs,
     "large_bodies": attack_large_bodies,

@@ -244,6 +244,7 @@ def test_a_request_whose_client_has_gone_leaves_the_queue_unrun():
     model = BlockingModel(answers=summed)
     model.name, model.check_version = "blocking", lambda version: None
     model.parse = lambda body: pixel_request(1, int(body))
+    model.check_decoding = lambda parsed: None
     api = ServingAPI(model)
 
     async def run():

@@ -100,6 +100,7 @@ class ServingAPI:
         self.max_body_memory = DEFAULT_MAX_BODY_MEMORY * 2**20 if max_body_memory is None else max_body_memory
         self.batcher = Batcher(model, batching=batching)
         self.parsing = concurrent.futures.ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="parse")
+        self.large_parsing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="parse-large")
         self.in_flight = 0
         self.body_bytes = 0  # of the bodies held now
         self.grace_over = asyncio.Event()  # set once a stopping server's requests had their time
@@ -161,6 +162,10 @@ class ServingAPI:
                 loop = asyncio.get_running_loop()
                 parsed = await loop.run_in_executor(self.parsing, model.parse, body)  # up to 64 MiB: off the loop
                 del body
+                # The trial decode of a large request's images on a thread of its own, as its
+                # decoding later: however many such requests arrive, a parse thread is left.
+                checking = self.large_parsing if self.batcher.is_large(parsed) else self.parsing
+                await loop.run_in_executor(checking, model.check_decoding, parsed)
                 outputs = await unless_client_leaves(request, self.batcher.infer(parsed))
                 return JSONResponse(await loop.run_in_executor(self.parsing, protocol.answer, parsed, outputs))
             finally:

@@ -114,12 +114,19 @@ class ModelServer:
             )
 
     def parse(self, body):
-        """A `:predict` request body (bytes) read into a `protocol.Parsed` (or a BadRequest)."""
+        """A `:predict` request body (bytes) read into a `protocol.Parsed` (or a BadRequest), its
+        images checked but for what only a trial decode finds (`check_decoding`)."""
         return protocol.parse(body, contract.SIGNATURES, self.preprocessing.shape, self.max_batch)
+
+    def check_decoding(self, parsed):
+        """A BadRequest where a trial decode finds an image of `parsed` the runtimes would decode
+        differently (`protocol.check_decoding`)."""
+        protocol.check_decoding(parsed, self.preprocessing.shape[-1])
 
     def predict(self, body):
         """The response to a `:predict` request body (bytes), as a JSON-ready dict, unbatched."""
         parsed = self.parse(body)
+        self.check_decoding(parsed)
         return protocol.answer(parsed, self.infer([parsed])[0])
 
     def infer(self, batch):

@@ -59,6 +59,8 @@ class Parsed:
     # The images' decoding cost, in pixels decoded: each image's pixels from its header, a JPEG's
     # once a scan (`image_formats.decode_passes`). The batcher sorts requests by it.
     pixels: int = 0
+    # Each image's (format, mode), as Pillow read them from its header: for `check_decoding`.
+    kinds: tuple = ()
 
     def __len__(self):
         return len(self.values)
@@ -121,8 +123,10 @@ def parse(body, signatures, image_shape, max_batch):
     elif not row_format and isinstance(values, dict) and key in values:
         values = values[key]
     values = to_values(values, signature, signature.shape(image_shape), max_batch)
-    values, pixels = checked_images(values, key, image_shape[-1]) if signature.dtype == "string" else (values, 0)
-    return Parsed(name, key, values, row_format, pixels)
+    values, pixels, kinds = (
+        checked_images(values, key, image_shape[-1]) if signature.dtype == "string" else (values, 0, ())
+    )
+    return Parsed(name, key, values, row_format, pixels, kinds)
 
 
 def to_values(values, signature, shape, max_batch):
@@ -220,15 +224,16 @@ def count_separators(body, limit):
 
 
 def checked_images(images, key, channels):
-    """The encoded `images` as the network of `channels` decodes them, and the pixels decoding them
-    costs (each image's pixels, read from its header, times its passes: `image_formats.decode_passes`),
-    read from their headers (Pillow reads a header without decoding the image, once
-    `image_formats.check_header` has bounded it): a BadRequest for files whose headers hold
-    too much, that are not JPEG, PNG, GIF or BMP, for those the two runtimes would decode
-    differently (`image_formats.check`), for an image over MAX_IMAGE_PIXELS and for a request over
+    """The encoded `images` as the network of `channels` decodes them, the pixels decoding them
+    costs (each image's pixels, read from its header, times its passes: `image_formats.decode_passes`)
+    and each image's (format, mode), read from their headers (Pillow reads a header without decoding
+    the image, once `image_formats.check_header` has bounded it): a BadRequest for files whose headers
+    hold too much, that are not JPEG, PNG, GIF or BMP, whose structure the two runtimes would decode
+    differently (`image_formats.check_structure`; what only a trial decode finds is
+    `check_decoding`'s), for an image over MAX_IMAGE_PIXELS and for a request over
     MAX_REQUEST_PIXELS. A GIF is cut after its first frame (`image_formats.first_gif_frame`,
     without decoding it), so that no later frame is ever decoded."""
-    total, cost, checked = 0, 0, []
+    total, cost, checked, kinds = 0, 0, [], []
     for index, encoded in enumerate(images):
         try:
             image_formats.check_header(encoded)
@@ -260,19 +265,31 @@ def checked_images(images, key, channels):
         try:
             if image_format == "GIF":  # its first frame alone: no later frame is ever decoded
                 encoded = image_formats.first_gif_frame(encoded)
-            image_formats.check(encoded, image_format, mode, channels)
+            image_formats.check_structure(encoded, image_format, mode, channels)
         except ValueError as error:
             raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): {error}") from None
         total += width * height
         cost += width * height * image_formats.decode_passes(encoded, image_format)
         checked.append(encoded)
+        kinds.append((image_format, mode))
     if total > MAX_REQUEST_PIXELS:
         raise BadRequest(
             f"The request's images are too large together: {total:,} pixels; this server decodes "
             f"at most {MAX_REQUEST_PIXELS:,} pixels a request.",
             413,
         )
-    return checked, cost
+    return checked, cost, tuple(kinds)
+
+
+def check_decoding(parsed, channels):
+    """A BadRequest for the first image of `parsed` that the two runtimes would decode differently
+    in a way only a trial decode finds (`image_formats.check_decoding`): as costly as decoding, so
+    run where the request's decoding would run (`application.ServingAPI`)."""
+    for index, (encoded, (image_format, mode)) in enumerate(zip(parsed.values, parsed.kinds)):
+        try:
+            image_formats.check_decoding(encoded, image_format, mode, channels)
+        except ValueError as error:
+            raise BadRequest(f"{UNDECODABLE}instance {index} ({len(encoded)} bytes): {error}") from None
 
 
 def concatenated(requests):

@@ -20,7 +20,8 @@ def evaluated_split(rows):
 
 def training_curves(csv_path, png_path, title=""):
     """Test (or validation) error (%, solid, left axis) and training loss (dashed, right axis) against
-    iterations, as the paper draws them, and the weights' average's error where the run kept one.
+    iterations, as the paper draws them, and the error of each average of the weights the run
+    kept (`Config.average_momentum`, `Config.swa_start`).
     Returns `png_path`."""
     rows = read_log(csv_path)
     figure, error_axis = plt.subplots(figsize=(7, 4.5), dpi=120)
@@ -40,16 +41,21 @@ def training_curves(csv_path, png_path, title=""):
         marker="o" if len(evaluated) < 30 else None,
         label=f"{split} error",
     )
-    averaged = [row for row in evaluated if row.get(f"average_{split}_error")]
-    if averaged:  # a run that kept a weights' average: its error beside the trained weights'
-        error_axis.plot(
-            [int(row["step"]) for row in averaged],
-            [100 * float(row[f"average_{split}_error"]) for row in averaged],
-            "-",
-            color="tab:green",
-            linewidth=1.5,
-            label=f"{split} error, weights' average",
-        )
+    for kind, color, name in (
+        ("average", "tab:green", "weights' average"),
+        ("swa", "tab:purple", "equal average (SWA)"),
+    ):
+        averaged = [row for row in evaluated if row.get(f"{kind}_{split}_error")]
+        if averaged:  # a run that kept this average of the weights: its error beside the trained weights'
+            error_axis.plot(
+                [int(row["step"]) for row in averaged],
+                [100 * float(row[f"{kind}_{split}_error"]) for row in averaged],
+                "-",
+                color=color,
+                linewidth=1.5,
+                marker="o" if len(averaged) < 30 else None,
+                label=f"{split} error, {name}",
+            )
     error_axis.set_xlabel("iterations")
     error_axis.set_ylabel(f"{split} error (%)")
     loss_axis.set_ylabel("training loss")

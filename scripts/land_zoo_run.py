@@ -5,7 +5,7 @@
         --images-per-second 690 --another-seed
 
 Publishes the run (`keras-preact publish`: the weights file, its trained weights or with
-`--weights average` the weights' average it kept, evaluated again, and its registry entry with
+`--weights average` or `swa` the average of the weights it kept, evaluated again, and its registry entry with
 the hours alone at the rate measured alone), draws its curves from its log into
 `docs/zoo_<name>_curves.png` (a CIFAR-100 run's `docs/zoo_cifar100_<name>_curves.png`; titled
 with the data folder's name, whichever code version trained it), copies its config, log and
@@ -79,8 +79,9 @@ def main():
     parser.add_argument(
         "--weights",
         default="final",
-        choices=["final", "average"],
-        help="ship the run's trained weights (default) or the weights' average it kept, as validation chose",
+        choices=["final", "average", "swa"],
+        help="ship the run's trained weights (default) or the average of them it kept (moving or equal), "
+        "as validation chose",
     )
     parser.add_argument(
         "--another-seed",

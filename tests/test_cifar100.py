@@ -124,14 +124,30 @@ def test_a_cifar100_run_with_an_average_is_published_loaded_evaluated_exported_a
     monkeypatch.setattr(pretrained, "REGISTRY_FILE", str(tmp_path / "weights" / "registry.json"))
     run_dir = tmp_path / "run"
     training = ["train", "--config", "cifar100_zoo", "--model", "resnet20", "--data-dir", str(folder)]
-    settings = ["batch_size=50", "duration=2", "warmup=0", "precision=float32", "average_momentum=0.5"]
+    settings = ["batch_size=50", "duration=2", "warmup=0", "precision=float32", "average_momentum=0.5", "swa_start=0.5"]
     assert cli.main([*training, "--run-dir", str(run_dir), *(part for s in settings for part in ("--set", s))]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["class_names"] == list(pretrained.CIFAR100_CLASSES) and summary["steps"] == 8
     assert summary["config"]["normalization_mean"] == list(defaults.CIFAR100_MEAN)
 
-    with pytest.raises(ValueError, match=r"^weights must be one of \['average', 'final'\]. Received: weights='best'$"):
+    with pytest.raises(
+        ValueError, match=r"^weights must be one of \['average', 'final', 'swa'\]. Received: weights='best'$"
+    ):
         zoo.publish(str(run_dir), "resnet20", weights="best")
+    # The equal average (SWA) of the two epochs' ends (steps 4 and 8), shipped, then replaced by
+    # the moving average.
+    assert summary["swa_weights_sha256"] not in (summary["weights_sha256"], summary["average_weights_sha256"])
+    entry = zoo.publish(str(run_dir), "resnet20", weights="swa")
+    assert entry["weights"] == "swa" and abs(entry["test_error"] - summary["swa_test_error"]) <= zoo.AGREEMENT
+    assert abs(entry["final_weights"]["test_error"] - summary["test_error"]) <= zoo.AGREEMENT
+    assert (
+        zoo_tables.markdown_table(dataset="cifar100")
+        .splitlines()[2]
+        .startswith(
+            f"| resnet20 | pre-activation | 0.28M | **{100 * entry['test_error']:.2f}** (weights' equal average (SWA); "
+            f"trained weights {100 * entry['final_weights']['test_error']:.2f}) | "
+        )
+    )
     entry = zoo.publish(str(run_dir), "resnet20", weights="average")
     assert entry["file"] == "cifar100_resnet20.weights.h5" and entry["weights"] == "average"
     assert entry["data"] == zoo.DATA_DESCRIPTIONS["cifar100"] and entry["parameters"] == 275_572

@@ -276,6 +276,7 @@ def test_the_weights_average_follows_each_step_of_the_coupled_update():
             ["average_momentum=-0.5"],
             "average_momentum must be a finite number in [0, 1). Received: average_momentum=-0.5",
         ),
+        (["swa_start=1"], "swa_start must be a finite number in [0, 1). Received: swa_start=1.0"),
         (["train_examples=-5"], "train_examples must be None (all) or a positive integer. Received: train_examples=-5"),
         (["nesterov=none"], "nesterov takes a bool. Received: nesterov='none'"),
         (["seed=-1"], "seed must be an integer from 0 to 2**32 - 1. Received: seed=-1"),

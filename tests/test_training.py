@@ -1,6 +1,7 @@
 """keras_preact_training on TensorFlow: input pipelines, the real entry point, distribution, resume."""
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -22,7 +23,8 @@ from keras_preact import base_layers
 from keras_preact_training import commands, plots
 from keras_preact_training.commands import arguments
 from keras_preact_training.data import datasets, input_tensorflow
-from keras_preact_training.train import configs, loop, named_configs
+from keras_preact_training.train import averaging, configs, loop, named_configs
+from keras_preact_training.train import checkpoints as checkpoint_store
 from tests.conftest import KERAS_PREACT, SHORT_DIGITS_SETTINGS
 
 pytestmark = pytest.mark.tensorflow
@@ -732,35 +734,122 @@ def test_a_run_resumes_from_a_checkpoint_of_the_other_batch_norm_path(tmp_path):
     assert switched[23] == pytest.approx(reference[23], rel=1e-4)
 
 
+def trainable_values(checkpoint_path, network):
+    """The values `checkpoint_path` holds for `network`'s trainable variables, by their paths."""
+    with np.load(checkpoint_path) as checkpoint:
+        by_path = {key.partition(":")[2]: checkpoint[key] for key in checkpoint.files if key.startswith("model/")}
+    return [by_path[variable.path.replace("/", ".")] for variable in network.trainable_variables]
+
+
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
-def test_a_run_with_a_weights_average_evaluates_and_saves_it_beside_the_trained_network(tmp_path, backend):
-    """`average_momentum`: the steps are the plain run's (same deterministic losses and trained
-    network), the checkpoints keep the trained weights and the average (so a resumed run goes on
-    with both), every evaluation measures both, and the average is saved beside the trained
-    network: its test error is the saved average's on the test digits, its weights differ."""
-    plain = run_training("--run-dir", str(tmp_path / "plain"), *SHORT, backend=backend)
-    averaged = run_training(
-        "--run-dir", str(tmp_path / "averaged"), *SHORT, "--set", "average_momentum=0.9", backend=backend
-    )
+def test_a_run_with_the_weights_averages_evaluates_and_saves_them_beside_the_trained_network(tmp_path, backend):
+    """`average_momentum` and `swa_start`: the steps are the plain run's (same deterministic
+    losses and trained network); the checkpoints keep the trained weights and both averages
+    (so a resumed run goes on with them: one resumed between two epochs' ends reaches the same
+    averages, bit for bit); every evaluation measures the moving average, and the equal one
+    from its first network on; both are saved beside the trained network, each with its test
+    error. The equal average is the mean of the trainable weights at each epoch's end from
+    that fraction of the run on (steps 22 and 44 of 44 for 0.5)."""
+    settings = [*SHORT, "--set", "checkpoint_every=11"]  # checkpoints at 22, 33 and 44 are kept
+    averages = ["--set", "average_momentum=0.9", "--set", "swa_start=0.5"]
+    plain = run_training("--run-dir", str(tmp_path / "plain"), *settings, backend=backend)
+    averaged = run_training("--run-dir", str(tmp_path / "averaged"), *settings, *averages, backend=backend)
     assert plain.returncode == 0 and averaged.returncode == 0, averaged.stderr[-3000:]
     assert logged_losses(tmp_path / "averaged") == logged_losses(tmp_path / "plain")
     assert digest(averaged.stdout) == digest(plain.stdout)
-    with np.load(tmp_path / "averaged" / "checkpoints" / "ckpt-44.npz") as checkpoint:
+    checkpoints = tmp_path / "averaged" / "checkpoints"
+    with np.load(checkpoints / "ckpt-44.npz") as checkpoint:
         names = list(checkpoint.files)
     average = keras.saving.load_model(tmp_path / "averaged" / "model_average.keras")
+    swa = keras.saving.load_model(tmp_path / "averaged" / "model_swa.keras")
     assert sum("average" in name for name in names) == len(average.trainable_variables)
-    rows = list(csv.DictReader((tmp_path / "averaged" / "log.csv").open()))
-    evaluated = [row for row in rows if row["test_error"]]
-    assert evaluated and all(row["average_test_error"] and row["average_test_loss"] for row in evaluated)
+    ends = [trainable_values(checkpoints / f"ckpt-{step}.npz", swa) for step in (22, 44)]
+    for got, first, last in zip(swa.trainable_variables, *ends, strict=True):
+        np.testing.assert_allclose(np.array(got), (first + last) / 2, rtol=1e-6, atol=1e-7)
+    for step, count in ((22, 1), (33, 1), (44, 2)):
+        with np.load(checkpoints / f"ckpt-{step}.npz") as checkpoint:
+            assert [checkpoint[key] for key in checkpoint.files if key.startswith("swa/")][-1] == count
+    rows = {int(row["step"]): row for row in csv.DictReader((tmp_path / "averaged" / "log.csv").open())}
+    assert [step for step, row in rows.items() if row["test_error"]] == [20, 40, 44]
+    assert [step for step, row in rows.items() if row["average_test_error"] and row["average_test_loss"]] == [
+        20,
+        40,
+        44,
+    ]
+    assert [step for step, row in rows.items() if row["swa_test_error"] and row["swa_test_loss"]] == [40, 44]
     test = datasets.load(DIGITS).test
     summary = json.loads((tmp_path / "averaged" / "summary.json").read_text())
     plain_summary = json.loads((tmp_path / "plain" / "summary.json").read_text())
-    assert summary["test_error"] == plain_summary["test_error"] == float(evaluated[-1]["test_error"])
-    assert summary["average_test_error"] == pytest.approx(float(evaluated[-1]["average_test_error"]), abs=1e-12)
-    predictions = np.argmax(average.predict(test.items.astype("float32"), verbose=0), axis=-1)
-    assert summary["average_test_error"] == pytest.approx(np.mean(predictions != test.labels), abs=1e-9)
-    assert summary["average_weights_sha256"] != summary["weights_sha256"]
-    assert "(the weights' average: " in averaged.stdout
+    assert summary["test_error"] == plain_summary["test_error"] == float(rows[44]["test_error"])
+    for kind, network in (("average", average), ("swa", swa)):
+        assert summary[f"{kind}_test_error"] == pytest.approx(float(rows[44][f"{kind}_test_error"]), abs=1e-12)
+        predictions = np.argmax(network.predict(test.items.astype("float32"), verbose=0), axis=-1)
+        assert summary[f"{kind}_test_error"] == pytest.approx(np.mean(predictions != test.labels), abs=1e-9)
+    assert len({summary["weights_sha256"], summary["average_weights_sha256"], summary["swa_weights_sha256"]}) == 3
+    assert "(the weights' average: " in averaged.stdout and "; their equal average (SWA): " in averaged.stdout
+
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "averaged", resumed_dir)
+    for name in ("checkpoints/ckpt-44.npz", "summary.json", "model.keras", "model_average.keras", "model_swa.keras"):
+        (resumed_dir / name).unlink()
+    resumed = run_training("--run-dir", str(resumed_dir), *settings, *averages, backend=backend)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at step 33 of 44" in resumed.stdout
+    again = json.loads((resumed_dir / "summary.json").read_text())
+    for field in ("weights_sha256", "average_weights_sha256", "swa_weights_sha256", "swa_test_error"):
+        assert again[field] == summary[field]
+
+
+def test_the_equal_average_takes_each_epochs_end_from_its_start_and_the_last_step():
+    """`averaging.EqualAverage`: the CIFAR recipe's 60 epochs of 390 steps, from 0.75: the
+    ends of epochs 45 to 60 (16 networks); a run whose last epoch is cut short adds its last
+    step. Each network joins with an equal share."""
+    config = dataclasses.replace(DIGITS, swa_start=0.75)
+    weight = keras.Variable(np.zeros(2, "float32"))
+    average = averaging.EqualAverage.of_run(config, [weight], 390, 23_400)
+    assert [step for step in range(1, 23_401) if average.due(step)] == list(range(17_550, 23_401, 390))
+    assert averaging.EqualAverage.of_run(dataclasses.replace(DIGITS, swa_start=0.0), [weight], 390, 23_400) is None
+    short = averaging.EqualAverage.of_run(config, [weight], 10, 25)
+    assert [step for step in range(1, 26) if short.due(step)] == [20, 25]
+    for value in (1.0, 2.0, 6.0):
+        weight.assign([value, -value])
+        average.add([weight])
+    assert average.snapshots == 3
+    np.testing.assert_array_equal(np.array(average.means[0]), [3.0, -3.0])
+    average.assign_to([weight])
+    np.testing.assert_array_equal(np.array(weight), [3.0, -3.0])
+
+
+def test_a_checkpoint_with_or_without_an_equal_average_restores_into_a_run_with_or_without_one(tmp_path):
+    """A run that begins to keep an average (`--allow-config-changes`) resumes from a checkpoint
+    without one and begins it empty; a run that keeps none ignores a checkpoint's; a checkpoint
+    whose average is cut short of a variable is refused."""
+    network = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.SGD()
+    optimizer.build(network.trainable_variables)
+    average = averaging.EqualAverage(network.trainable_variables, 1, 1, 1)
+    average.add(network.trainable_variables)
+    with_average = checkpoint_store.save(
+        str(tmp_path / "with"), 1, checkpoint_store.state(network, optimizer, average.variables)
+    )
+    without = checkpoint_store.save(str(tmp_path / "without"), 1, checkpoint_store.state(network, optimizer))
+    fresh = averaging.EqualAverage(network.trainable_variables, 1, 1, 1)
+    restored = checkpoint_store.restore_newest_intact(
+        str(tmp_path / "without"), network, optimizer, average=fresh.variables
+    )
+    assert (restored, fresh.snapshots) == (without, 0)
+    assert checkpoint_store.restore_newest_intact(str(tmp_path / "with"), network, optimizer) == with_average
+    restored = checkpoint_store.restore_newest_intact(
+        str(tmp_path / "with"), network, optimizer, average=fresh.variables
+    )
+    assert (restored, fresh.snapshots) == (with_average, 1)
+    values = checkpoint_store.read_values(with_average)
+    del values[next(key for key in values if key.startswith("swa/0:"))]
+    np.savez(tmp_path / "cut.npz", **values)
+    with pytest.raises(ValueError, match=r"missing \['swa/0:swa_0'\]"):
+        checkpoint_store.read(
+            str(tmp_path / "cut.npz"), checkpoint_store.variables_by_key(network, optimizer, fresh.variables)
+        )
 
 
 @pytest.mark.parametrize("files", [["config.json", "summary.json", "curves.png"], ["log.csv"]], ids=["config", "log"])

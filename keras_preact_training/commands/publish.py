@@ -23,8 +23,9 @@ def add_arguments(parser):
     parser.add_argument(
         "--weights",
         default="final",
-        choices=["final", "average"],
-        help="the run's trained weights (default), or the weights' average it kept (--set average_momentum=...); "
+        choices=["final", "average", "swa"],
+        help="the run's trained weights (default), the weights' moving average it kept (--set average_momentum=...) "
+        "or their equal average (--set swa_start=...); "
         "the entry keeps the trained weights' errors too",
     )
     parser.add_argument(

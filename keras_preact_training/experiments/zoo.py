@@ -2,8 +2,8 @@
 
 Writes the run's network as `keras_preact/weights/<data set>_<name>.weights.h5` (units as
 separate layers, whatever layout it trained in; the trained weights, or where the run kept
-one and `weights="average"`, the weights' average, whose entry then keeps the trained
-weights' errors too, as `final_weights`) and its entry in the registry
+one, its moving average (`weights="average"`) or its equal average (`weights="swa"`), whose
+entry then keeps the trained weights' errors too, as `final_weights`) and its entry in the registry
 (`keras_preact/weights/registry.json`): the file's SHA-256 and size, the network, its
 test error as `keras-preact evaluate` measures it on the shipped file (which must
 agree with the run's own final evaluation), with the test-time flip and on the training
@@ -29,7 +29,7 @@ from keras_preact import checksums, pretrained
 
 from .. import checked_files
 from ..data import datasets
-from ..train import configs, evaluate, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
+from ..train import configs, evaluate, loop, recipe  # noqa: F401  (recipe's layers, which a run's model.keras holds)
 
 # What the zoo's networks train and are tested on, by data set, named by what it is (the networks
 # trained on the JPEG copy before say so in their own entries).
@@ -44,9 +44,10 @@ DATA_DESCRIPTIONS = {
         "of 100 classes"
     ),
 }
-# Which of a run's networks is shipped: the trained weights, or the weights' average the run
-# kept (`Config.average_momentum`), by the file a finished run saves each in.
-WEIGHTS = {"final": "model.keras", "average": "model_average.keras"}
+# Which of a run's networks is shipped: the trained weights, or an average of the weights the
+# run kept, by the file a finished run saves each in; and the setting that keeps each average.
+WEIGHTS = {"final": loop.MODEL_FILE, **loop.AVERAGE_FILES}
+AVERAGE_SETTINGS = {"average": "average_momentum", "swa": "swa_start"}
 
 
 def user_data_dir(data_dir):
@@ -103,15 +104,16 @@ def publish(
             trained it (`python bench/training_throughput.py`), where the run shared its
             cores: the entry then records the hours the run's images take at that rate
             (`hours_alone`) beside the run's own wall-clock `training_hours`.
-        weights: "final" (the trained weights) or "average" (the weights' average of a run
-            that kept one; the entry's `final_weights` then holds the trained weights' errors).
+        weights: "final" (the trained weights), "average" (the weights' moving average of a
+            run that kept one) or "swa" (their equal average); for an average the entry's
+            `final_weights` holds the trained weights' errors too.
 
     Returns:
         The registry entry.
 
     Raises:
         ValueError: for a run that is not a finished CIFAR-10 or CIFAR-100 run of that network,
-            `weights="average"` for a run that kept no average, or a shipped file whose test
+            `weights` an average the run did not keep, or a shipped file whose test
             error disagrees with the run's.
         FileNotFoundError: for a missing run.
     """
@@ -123,7 +125,7 @@ def publish(
     size = os.path.getsize(path)
     try:
         errors = measure(name, path, summary, data_dir, weights)
-        if weights == "average":
+        if weights != "final":
             with tempfile.TemporaryDirectory() as directory:
                 final_path, _ = save_network(run_dir, name, directory, dataset, "final")
                 final = measure(name, final_path, summary, data_dir, "final")
@@ -159,10 +161,10 @@ def check_weights(weights, summary, run_dir):
     """Raises a ValueError unless `weights` is a key of `WEIGHTS` that the run saved."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {sorted(WEIGHTS)}. Received: weights={weights!r}")
-    if weights == "average" and "average_test_error" not in summary:
+    if weights != "final" and f"{weights}_test_error" not in summary:
         raise ValueError(
-            f"The run in {run_dir} kept no weights' average (train with --set average_momentum=...). "
-            f"Received: weights={weights!r}"
+            f"The run in {run_dir} kept no such average of its weights (train with --set "
+            f"{AVERAGE_SETTINGS[weights]}=...). Received: weights={weights!r}"
         )
 
 
@@ -281,7 +283,7 @@ def check_images_per_second(images_per_second):
 
 def measure(name, path, summary, data_dir=None, weights="final"):
     """The errors of `name`'s weights file `path` (saved from the run of `summary`: its trained
-    network, or with `weights="average"` its weights' average) on the run's
+    network, or with `weights` "average" or "swa" that average of its weights) on the run's
     data (or `data_dir`): on the test images in float32, single crop and with the flip, its
     per-class accuracy and the class it gives each test image (`test_predictions`, the class
     ids as digits, `prediction_text`: one an image for CIFAR-10, two for CIFAR-100, an image in the test split's order: what a check on a few of the images compares with), and
@@ -302,7 +304,7 @@ def measure(name, path, summary, data_dir=None, weights="final"):
         if precision == "float32"
         else evaluate.evaluate(name, path, config["dataset"], data_dir, precision=precision)
     )
-    run_error = summary["average_test_error" if weights == "average" else "test_error"]
+    run_error = summary["test_error" if weights == "final" else f"{weights}_test_error"]
     if abs(as_run["error"] - run_error) > AGREEMENT:
         raise ValueError(
             f"The shipped file's test error in the run's precision, {precision} ({100 * as_run['error']:.2f} %), "
@@ -365,7 +367,7 @@ def finished_run(run_dir):
 
 
 def save_network(run_dir, name, weights_directory, dataset="cifar10", weights="final"):
-    """(path, network) of the run's network (`weights`: its trained one, or "average") saved as
+    """(path, network) of the run's network (`weights`: its trained one, "average" or "swa") saved as
     `weights_directory/<dataset>_<name>.weights.h5`, its units as separate layers, whatever
     layout it trained in.
 

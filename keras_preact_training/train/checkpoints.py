@@ -16,6 +16,7 @@ import zipfile
 import numpy as np
 
 from ..failures import CheckpointsUnreadable
+from . import averaging
 
 # Checkpoints kept in a run's folder, the newest.
 KEEP = 3
@@ -26,34 +27,39 @@ FORMATS = {"npz": re.compile(r"ckpt-(\d+)\.npz"), "tensorflow": re.compile(r"ckp
 CHECKPOINT_DTYPES = {"int32": "int64", "uint32": "int64"}
 
 
-def variables_by_key(model, optimizer):
+def variables_by_key(model, optimizer, average=()):
     """Every variable of `model` and `optimizer`, by the key it has in a checkpoint:
-    "model/<index>:<path>" and "optimizer/<index>:<path>".
+    "model/<index>:<path>" and "optimizer/<index>:<path>", and those of `average` (the weights'
+    equal average, `averaging.EqualAverage.variables`, where the run keeps one):
+    "swa/<index>:<path>".
 
     `model.variables`, not `model.weights`: the augmentation's random state is a variable
     but not a weight, and a resumed run must draw the same crops and flips. Paths need not
     be unique (every seed generator's is "seed_generator/..."): they are numbered.
     """
+    parts = (("model", model.variables), ("optimizer", optimizer.variables), (averaging.CHECKPOINT_PART, average))
     return {
         f"{part}/{index}:{variable.path.replace('/', '.')}": variable
-        for part, variables in (("model", model.variables), ("optimizer", optimizer.variables))
+        for part, variables in parts
         for index, variable in enumerate(variables)
     }
 
 
-def state(model, optimizer):
-    """{key: NumPy array} of every variable of `model` and `optimizer` (`variables_by_key`)."""
+def state(model, optimizer, average=()):
+    """{key: NumPy array} of every variable of `model`, `optimizer` and `average` (`variables_by_key`)."""
     values = {}
-    for key, variable in variables_by_key(model, optimizer).items():
+    for key, variable in variables_by_key(model, optimizer, average).items():
         value = np.asarray(variable)
         values[key] = value.astype(CHECKPOINT_DTYPES.get(value.dtype.name, value.dtype))
     return values
 
 
-def load(model, optimizer, values):
-    """Assigns `values` (`state`'s, or a checkpoint's) to the variables of `model` and `optimizer`."""
-    for key, variable in variables_by_key(model, optimizer).items():
-        variable.assign(np.asarray(values[key]).astype(variable.dtype))
+def load(model, optimizer, values, average=()):
+    """Assigns `values` (`state`'s, or `read`'s of a checkpoint) to the variables of `model`,
+    `optimizer` and `average`; an average the values lack (`read`) keeps its variables'."""
+    for key, variable in variables_by_key(model, optimizer, average).items():
+        if key in values:
+            variable.assign(np.asarray(values[key]).astype(variable.dtype))
 
 
 def save(directory, step, values):
@@ -105,11 +111,20 @@ def read_values(path):
 def read(path, expected):
     """The values of the checkpoint `path` for the keys of `expected` ({key: variable}).
 
+    The weights' equal average (keys "swa/...") is read where both the checkpoint and
+    `expected` have one, else left out: a run that keeps an average reads a checkpoint
+    written before it kept one (`--allow-config-changes`) and begins its average empty, and
+    a run that keeps none ignores a checkpoint's.
+
     Raises:
         ValueError: if the file is damaged, lacks a key or holds one more, or a value's
             shape differs from its variable's.
     """
     values = read_values(path)
+    prefix = f"{averaging.CHECKPOINT_PART}/"
+    if not (any(key.startswith(prefix) for key in values) and any(key.startswith(prefix) for key in expected)):
+        values = {key: value for key, value in values.items() if not key.startswith(prefix)}
+        expected = {key: variable for key, variable in expected.items() if not key.startswith(prefix)}
     missing, extra = sorted(set(expected) - set(values)), sorted(set(values) - set(expected))
     if missing or extra:
         raise ValueError(f"it holds other variables than the network's: missing {missing[:3]}, extra {extra[:3]}")
@@ -152,9 +167,10 @@ def unescape(name):
     return re.sub(r"\.(.)", lambda match: "/" if match.group(1) == "S" else match.group(1), name)
 
 
-def restore_newest_intact(directory, model, optimizer, verbose=True):
-    """Restores into `model` and `optimizer` the newest checkpoint of `directory` that reads
-    back whole; returns its path, or None where there is none (a new run).
+def restore_newest_intact(directory, model, optimizer, verbose=True, average=()):
+    """Restores into `model`, `optimizer` and `average` (the weights' equal average's
+    variables, where the run keeps one) the newest checkpoint of `directory` that reads back
+    whole; returns its path, or None where there is none (a new run).
 
     The checkpoints are found from their files, not from an index that a crash or a careless
     edit can leave wrong. A truncated or deleted newest checkpoint is skipped with a message,
@@ -163,7 +179,7 @@ def restore_newest_intact(directory, model, optimizer, verbose=True):
     Raises:
         CheckpointsUnreadable: if there are checkpoints and none of them can be restored.
     """
-    expected = variables_by_key(model, optimizer)
+    expected = variables_by_key(model, optimizer, average)
     failures = []
     for _, path in newest_first(directory):
         try:
@@ -173,7 +189,7 @@ def restore_newest_intact(directory, model, optimizer, verbose=True):
             if verbose:
                 print(f"Checkpoint {path} cannot be restored ({failures[-1]}); trying the one before it.")
             continue
-        load(model, optimizer, values)
+        load(model, optimizer, values, average)
         return path
     if failures:
         raise CheckpointsUnreadable(

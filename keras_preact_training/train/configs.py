@@ -75,6 +75,7 @@ NUMBER_RANGES = {
     "shortcut_dropout": ("in [0, 1)", lambda value: 0 <= value < 1),
     "label_smoothing": ("in [0, 1)", lambda value: 0 <= value < 1),
     "average_momentum": ("in [0, 1)", lambda value: 0 <= value < 1),
+    "swa_start": ("in [0, 1)", lambda value: 0 <= value < 1),
 }
 
 
@@ -128,6 +129,13 @@ class Config:
             one (`average_*` columns of the log, `model_average.keras`), with BatchNorm
             statistics of its own, from 4,096 training images (`loop.average_statistics`);
             0 for none.
+        swa_start: keep the equal average of the trainable weights at the end of every
+            epoch from this fraction of the run's steps on, the last step's included
+            (stochastic weight averaging: Izmailov et al., "Averaging Weights Leads to
+            Wider Optima", 2018), and evaluate and save it as `average_momentum`'s average
+            is (`swa_*` columns of the log, `model_swa.keras`); 0.75 averages the last
+            quarter of the cosine. It costs no training step: the run's steps are those
+            of the run without it. 0 for none.
         schedule_unit: "steps" (iterations at `reference_batch_size`) or "epochs", for
             `duration`, `decay_boundaries` and `warmup`.
         schedule: "step", the paper's: the rate multiplied by `decay_factor` at each of
@@ -195,6 +203,7 @@ class Config:
     weight_decay: float = defaults.WEIGHT_DECAY
     label_smoothing: float = 0.0
     average_momentum: float = 0.0
+    swa_start: float = 0.0
     schedule_unit: str = "steps"
     schedule: str = "step"
     duration: float = 64000

@@ -22,11 +22,11 @@ from keras_preact import walks
 from .. import checked_files, plots, tensorflow_import
 from ..data import datasets
 from ..failures import TrainingDiverged
-from . import EVALUATION_BATCH_SIZE, checkpoints, configs, engines, precision, recipe
+from . import EVALUATION_BATCH_SIZE, averaging, checkpoints, configs, engines, precision, recipe
 
 # test_* or validation_*: the split a run evaluates on (`Config.validation_examples`), average_*
-# the weights' average there (`Config.average_momentum`); hours: of training steps, summed over
-# the sessions of a resumed run.
+# the weights' moving average there (`Config.average_momentum`), swa_* their equal average
+# (`Config.swa_start`); hours: of training steps, summed over the sessions of a resumed run.
 CSV_FIELDS = [
     "step",
     "epoch",
@@ -42,9 +42,13 @@ CSV_FIELDS = [
     "average_test_error",
     "average_validation_loss",
     "average_validation_error",
+    "swa_test_loss",
+    "swa_test_error",
+    "swa_validation_loss",
+    "swa_validation_error",
     "hours",
 ]
-# The weights' average (`Config.average_momentum`) is evaluated with BatchNorm statistics
+# The weights' averages (`Config.average_momentum`, `Config.swa_start`) are evaluated with BatchNorm statistics
 # of its own, the mean of those of this many training images in batches of
 # AVERAGE_STATISTICS_BATCH (Izmailov et al., "Averaging Weights Leads to Wider Optima",
 # 2018, section 3.2): with the trained network's statistics an average errs several times
@@ -53,9 +57,14 @@ AVERAGE_STATISTICS_IMAGES = 4096
 AVERAGE_STATISTICS_BATCH = 256
 # The run's config as it started, beside its checkpoints: a resumed run must have the same.
 CONFIG_FILE = "config.json"
-# The trained network, and where the config keeps one, the weights' average, as a finished run saves them.
+# The trained network, and where the config keeps them, the weights' averages, as a finished
+# run saves them: by the prefix of the average's log columns and summary fields.
 MODEL_FILE = "model.keras"
 AVERAGE_MODEL_FILE = "model_average.keras"
+SWA_MODEL_FILE = "model_swa.keras"
+AVERAGE_FILES = {"average": AVERAGE_MODEL_FILE, "swa": SWA_MODEL_FILE}
+# How the final line names each average.
+AVERAGE_NAMES = {"average": "the weights' average", "swa": "their equal average (SWA)"}
 # Fields a resumed run may change: where the data is read from, how often it is logged,
 # evaluated and checkpointed (none of them changes a weight), which BatchNorm path runs
 # (the same computation to float rounding, with the same variables in its checkpoints), and
@@ -113,11 +122,20 @@ class Run:
         self.total_steps = config.total_steps(self.steps_per_epoch)
         keras.utils.set_random_seed(config.seed)
         self.model, self.optimizer = self.steps.build(self.dataset, self.steps_per_epoch)
+        self.swa = averaging.EqualAverage.of_run(
+            config, self.model.trainable_variables, self.steps_per_epoch, self.total_steps
+        )
+        # What a checkpoint keeps beside the network and its optimizer.
+        self.average_variables = self.swa.variables if self.swa else ()
         self.learning_rates = recipe.schedule(config, self.steps_per_epoch)
         # Every worker restores; the chief alone saves.
         self.checkpoint_dir = os.path.join(run_dir, "checkpoints")
         self.restored = checkpoints.restore_newest_intact(
-            self.checkpoint_dir, self.model, self.optimizer, verbose=self.steps.chief and verbose
+            self.checkpoint_dir,
+            self.model,
+            self.optimizer,
+            verbose=self.steps.chief and verbose,
+            average=self.average_variables,
         )
         self.latest_checkpoint = self.restored
         self.steps.loaded()
@@ -128,7 +146,10 @@ class Run:
         self.evaluated_on = "test" if self.dataset.validation is None else "validation"
         self.evaluation_split = self.dataset.test if self.dataset.validation is None else self.dataset.validation
         self.log = TrainingLog(run_dir, self.first_step, self.steps.chief)
-        self.training_seconds, self.error, self.average_error = 0.0, None, None
+        self.training_seconds, self.error = 0.0, None
+        # The averages the run keeps, by prefix, and their errors at the last evaluation.
+        self.averages = [kind for kind, kept in (("average", config.average_momentum), ("swa", self.swa)) if kept]
+        self.average_errors = {}
 
     def train(self):
         """The steps from the first not yet trained to the last, logged every `log_every`,
@@ -156,6 +177,9 @@ class Run:
                     f"({self.latest_checkpoint or 'none'}) is kept; lower the learning rate "
                     f"(--set learning_rate=...) or check the data, then run the same command again."
                 )
+            if self.swa is not None and self.swa.due(step):
+                steps.synchronize()
+                self.swa.add(self.model.trainable_variables)
             values = [("loss", loss), ("accuracy", correct / config.batch_size), ("lr", learning_rate)]
             last = step == self.total_steps
             if step % config.log_every == 0 or last:
@@ -164,7 +188,7 @@ class Run:
             if step % config.checkpoint_every == 0 or last:
                 steps.synchronize()
                 if steps.chief:
-                    state = checkpoints.state(self.model, self.optimizer)
+                    state = checkpoints.state(self.model, self.optimizer, self.average_variables)
                     self.latest_checkpoint = checkpoints.save(self.checkpoint_dir, step, state)
             progress.update(step, values)
 
@@ -188,22 +212,28 @@ class Run:
             row[f"{self.evaluated_on}_loss"], self.error = self.evaluate()
             row[f"{self.evaluated_on}_error"] = self.error
             values.append((f"{self.evaluated_on}_error", self.error))
-            if self.config.average_momentum:
-                row[f"average_{self.evaluated_on}_loss"], self.average_error = self.evaluate_average()
-                row[f"average_{self.evaluated_on}_error"] = self.average_error
+            for kind in self.averages:
+                if kind == "swa" and not self.swa.snapshots:
+                    continue  # not begun
+                row[f"{kind}_{self.evaluated_on}_loss"], self.average_errors[kind] = self.evaluate_average(kind)
+                row[f"{kind}_{self.evaluated_on}_error"] = self.average_errors[kind]
         self.log.write(row)
         return values
 
-    def evaluate_average(self):
-        """(loss, error) of the weights' average, with BatchNorm statistics of its own
-        (`use_average`); the trained state is put back."""
+    def evaluate_average(self, kind):
+        """(loss, error) of the weights' average `kind` ("average" or "swa"), with BatchNorm
+        statistics of its own (`use_average`); the trained state is put back."""
         self.steps.synchronize()
-        trained = self.use_average()
+        trained = self.use_average(kind)
         try:
             return self.evaluate()
         finally:
-            for variable, value in zip(self.model.variables, trained):
-                variable.assign(value)
+            self.put_back(trained)
+
+    def put_back(self, trained):
+        """Puts back the values of every variable of the network (`use_average`'s)."""
+        for variable, value in zip(self.model.variables, trained):
+            variable.assign(value)
 
     def evaluate(self):
         """(loss, error) of the network in Keras' variables (`steps.synchronize` puts the
@@ -217,12 +247,16 @@ class Run:
             count += len(labels)
         return losses / count, 1.0 - correct / count
 
-    def use_average(self):
-        """Puts the weights' average in the network with BatchNorm statistics of its own
+    def use_average(self, kind):
+        """Puts the weights' average `kind` in the network, "average" the moving one (the
+        optimizer's) or "swa" the equal one, with BatchNorm statistics of its own
         (`average_statistics`: the trained network's would not fit the averaged weights);
         returns the values of every variable before, to put back."""
         trained = [np.array(variable) for variable in self.model.variables]
-        self.optimizer.finalize_variable_values(self.model.trainable_variables)
+        if kind == "swa":
+            self.swa.assign_to(self.model.trainable_variables)
+        else:
+            self.optimizer.finalize_variable_values(self.model.trainable_variables)
         average_statistics(self.model, self.dataset.train, self.pipeline)
         return trained
 
@@ -242,17 +276,19 @@ class Run:
             self.total_steps,
             command,
         )
-        if self.config.average_momentum:
-            if self.average_error is None:
-                _, self.average_error = self.evaluate_average()
-            self.use_average()
-            summary = self.log.finish_average(self.model, self.evaluated_on, self.average_error, summary)
+        for kind in self.averages:
+            if kind not in self.average_errors:
+                _, self.average_errors[kind] = self.evaluate_average(kind)
+            trained = self.use_average(kind)
+            summary = self.log.finish_average(self.model, kind, self.evaluated_on, self.average_errors[kind], summary)
+            self.put_back(trained)
         if self.verbose and self.steps.chief:
-            average = (
-                f" (the weights' average: {100 * self.average_error:.2f} %)" if self.config.average_momentum else ""
+            averages = "; ".join(
+                f"{AVERAGE_NAMES[kind]}: {100 * self.average_errors[kind]:.2f} %" for kind in self.averages
             )
             print(
-                f"Final {self.evaluated_on} error {100 * self.error:.2f} %{average} after {self.total_steps} steps; "
+                f"Final {self.evaluated_on} error {100 * self.error:.2f} %{f' ({averages})' if averages else ''} "
+                f"after {self.total_steps} steps; "
                 f"{summary['training_images_per_second']:.0f} images/s this session; weights sha256 "
                 f"{summary['weights_sha256'][:16]}; run in {self.run_dir}."
             )
@@ -301,7 +337,7 @@ def average_statistics(
 
 # The files a run writes over in its folder: a folder that holds any of them is a run of ours, or
 # is refused (its checkpoints and TensorBoard folders only gain files of their own).
-RUN_FILES = (CONFIG_FILE, "log.csv", "summary.json", "curves.png", MODEL_FILE, AVERAGE_MODEL_FILE)
+RUN_FILES = (CONFIG_FILE, "log.csv", "summary.json", "curves.png", MODEL_FILE, *AVERAGE_FILES.values())
 # The fields that every run's config.json has held.
 RUN_CONFIG_FIELDS = ("model", "dataset", "batch_size", "learning_rate")
 
@@ -442,14 +478,14 @@ class TrainingLog:
         self.write_summary(summary)
         return summary
 
-    def finish_average(self, model, evaluated_on, error, summary):
-        """The summary with the weights' average's error and digest, `model` (holding the
-        average) saved beside the trained network."""
+    def finish_average(self, model, kind, evaluated_on, error, summary):
+        """The summary with the error and digest of the weights' average `kind` ("average" or
+        "swa"), `model` (holding that average) saved beside the trained network."""
         summary = dict(
-            summary, **{f"average_{evaluated_on}_error": error}, average_weights_sha256=weights_digest(model)
+            summary, **{f"{kind}_{evaluated_on}_error": error, f"{kind}_weights_sha256": weights_digest(model)}
         )
         if self.chief:
-            model.save(os.path.join(self.run_dir, AVERAGE_MODEL_FILE))
+            model.save(os.path.join(self.run_dir, AVERAGE_FILES[kind]))
             self.write_summary(summary)
         return summary
 

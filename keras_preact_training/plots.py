@@ -18,11 +18,15 @@ def evaluated_split(rows):
     return "validation" if any(row.get("validation_error") for row in rows) else "test"
 
 
-def training_curves(csv_path, png_path, title=""):
+# The colours of the averages of the weights a log may hold, by the prefix of their columns.
+AVERAGE_COLORS = {"average": "tab:green", "swa": "tab:purple"}
+
+
+def training_curves(csv_path, png_path, title="", averages=None):
     """Test (or validation) error (%, solid, left axis) and training loss (dashed, right axis) against
     iterations, as the paper draws them, and the error of each average of the weights the run
-    kept (`Config.average_momentum`, `Config.swa_start`).
-    Returns `png_path`."""
+    kept, labelled by `averages` ({column prefix: name}, `configs.AVERAGE_NAMES`; by its prefix where
+    None). Returns `png_path`."""
     rows = read_log(csv_path)
     figure, error_axis = plt.subplots(figsize=(7, 4.5), dpi=120)
     loss_axis = error_axis.twinx()
@@ -41,10 +45,7 @@ def training_curves(csv_path, png_path, title=""):
         marker="o" if len(evaluated) < 30 else None,
         label=f"{split} error",
     )
-    for kind, color, name in (
-        ("average", "tab:green", "weights' average"),
-        ("swa", "tab:purple", "equal average (SWA)"),
-    ):
+    for kind, color in AVERAGE_COLORS.items():
         averaged = [row for row in evaluated if row.get(f"{kind}_{split}_error")]
         if averaged:  # a run that kept this average of the weights: its error beside the trained weights'
             error_axis.plot(
@@ -54,7 +55,7 @@ def training_curves(csv_path, png_path, title=""):
                 color=color,
                 linewidth=1.5,
                 marker="o" if len(averaged) < 30 else None,
-                label=f"{split} error, {name}",
+                label=f"{split} error, {(averages or {}).get(kind, kind)}",
             )
     error_axis.set_xlabel("iterations")
     error_axis.set_ylabel(f"{split} error (%)")

@@ -28,6 +28,7 @@ import types
 from keras_preact_training import plots
 from keras_preact_training.data import datasets
 from keras_preact_training.experiments import zoo, zoo_tables
+from keras_preact_training.train import configs
 from scripts import carry_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,7 +59,12 @@ def draw_curves(run_dir, name, png_path):
     with the network's name and its data's (an image folder by its own name)."""
     with open(os.path.join(run_dir, "config.json")) as file:
         config = types.SimpleNamespace(**json.load(file))
-    return plots.training_curves(os.path.join(run_dir, "log.csv"), png_path, title=f"{name} on {datasets.name(config)}")
+    return plots.training_curves(
+        os.path.join(run_dir, "log.csv"),
+        png_path,
+        title=f"{name} on {datasets.name(config)}",
+        averages=configs.AVERAGE_NAMES,
+    )
 
 
 # The tables of each data set on the zoo page.

@@ -13,9 +13,10 @@ HEADER = (
 )
 
 
-def write_run(directory, schedule, errors, hours, **settings):
+def write_run(directory, schedule, errors, hours, averages=None, **settings):
     """A finished run that evaluated on validation after steps 100, 200, ... with `errors`,
-    its config `settings` besides the schedule and length."""
+    its config `settings` besides the schedule and length, and the final validation error of
+    each of `averages` ({prefix: error}) of its weights."""
     directory.mkdir()
     rows = [
         f"{100 * (index + 1)},{index + 1},0.5,0.8,0.1,,,100,0.6,{error},{hours * (index + 1) / len(errors)}"
@@ -28,6 +29,7 @@ def write_run(directory, schedule, errors, hours, **settings):
         steps=100 * len(errors),
         training_hours=hours,
         config=dict(schedule=schedule, duration=len(errors), schedule_unit="epochs", batch_size=128, **settings),
+        **{f"{kind}_validation_error": error for kind, error in (averages or {}).items()},
     )
     (directory / "summary.json").write_text(json.dumps(summary))
     return str(directory)
@@ -62,6 +64,34 @@ def test_compare_tables_final_error_and_hours_to_come_close(tmp_path, capsys):
 
     assert cli.main(["compare", step, cosine, "--output", str(tmp_path / "cli")]) == 0
     assert "cosine: cosine schedule, 3 epochs, final error 9.50 %, 6.00 hours" in capsys.readouterr().out
+
+
+def test_compare_gives_each_average_of_the_weights_beside_the_trained_weights(tmp_path, capsys):
+    """Runs that kept averages of their weights: each average's final error in a column of its
+    own beside the trained weights' ("-" for a run that did not keep it), and in the command's lines."""
+    plain = write_run(tmp_path / "plain", "cosine", [0.2, 0.1], hours=1.0)
+    averaged = write_run(
+        tmp_path / "averaged", "cosine", [0.2, 0.1], 1.0, {"average": 0.09, "swa": 0.085}, swa_start=0.75
+    )
+    table = compare.compare([plain, averaged], str(tmp_path / "out"))
+    assert [row["averages"] for row in table] == [
+        {"average": None, "swa": None},
+        {"average": pytest.approx(9.0), "swa": pytest.approx(8.5)},
+    ]
+    markdown = (tmp_path / "out" / "comparison.md").read_text().splitlines()
+    assert markdown[:4] == [
+        "| run | settings | duration | final validation error | final validation error, weights' average | final "
+        "validation error, weights' equal average (SWA) | hours | hours to 11.00 % |",
+        "|---|---|---|---|---|---|---|---|",
+        "| plain | swa_start=0.0 | 2 epochs | 10.00 % | - | - | 1.00 | 1.00 |",
+        "| averaged | swa_start=0.75 | 2 epochs | 10.00 % | 9.00 % | 8.50 % | 1.00 | 1.00 |",
+    ]
+    assert cli.main(["compare", plain, averaged, "--output", str(tmp_path / "cli")]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == [
+        "plain: cosine schedule, 2 epochs, final error 10.00 %, 1.00 hours",
+        "averaged: cosine schedule, 2 epochs, final error 10.00 % (weights' average 9.00 %, weights' equal "
+        "average (SWA) 8.50 %), 1.00 hours",
+    ]
 
 
 def test_compare_gives_a_setting_a_run_predates_its_default(tmp_path):

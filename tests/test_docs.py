@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from keras_preact import pretrained
+from keras_preact_training.train import configs
 from tests.conftest import ROOT
 
 README = os.path.join(ROOT, "README.md")
@@ -186,7 +187,12 @@ def test_landing_a_zoo_run_draws_its_curves_from_its_log_titled_with_the_data_fo
     run_dir.mkdir()
     (run_dir / "config.json").write_text(json.dumps({"dataset": "folder", "data_dir": "/home/user/.cache/cifar10-png"}))
     land_zoo_run.draw_curves(str(run_dir), "resnet20", str(tmp_path / "curves.png"))
-    assert drawn == [((str(run_dir / "log.csv"), str(tmp_path / "curves.png")), {"title": "resnet20 on cifar10-png"})]
+    assert drawn == [
+        (
+            (str(run_dir / "log.csv"), str(tmp_path / "curves.png")),
+            {"title": "resnet20 on cifar10-png", "averages": configs.AVERAGE_NAMES},
+        )
+    ]
 
 
 def mkdocs_build(folder, site):

@@ -786,7 +786,7 @@ def test_a_run_with_the_weights_averages_evaluates_and_saves_them_beside_the_tra
         predictions = np.argmax(network.predict(test.items.astype("float32"), verbose=0), axis=-1)
         assert summary[f"{kind}_test_error"] == pytest.approx(np.mean(predictions != test.labels), abs=1e-9)
     assert len({summary["weights_sha256"], summary["average_weights_sha256"], summary["swa_weights_sha256"]}) == 3
-    assert "(the weights' average: " in averaged.stdout and "; their equal average (SWA): " in averaged.stdout
+    assert "(the weights' average: " in averaged.stdout and "; the weights' equal average (SWA): " in averaged.stdout
 
     resumed_dir = tmp_path / "resumed"
     shutil.copytree(tmp_path / "averaged", resumed_dir)

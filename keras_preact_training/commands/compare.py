@@ -28,12 +28,18 @@ def add_arguments(parser):
 
 def run(arguments):
     from ..experiments import compare
+    from ..train import configs
 
     table = compare.compare(arguments.run_dirs, arguments.output, arguments.images_per_second, arguments.target)
     for row in table:
+        averages = ", ".join(
+            f"{configs.AVERAGE_NAMES[kind]} {error:.2f} %"
+            for kind, error in row["averages"].items()
+            if error is not None
+        )
         print(
-            f"{row['run']}: {row['schedule']} schedule, {row['duration']}, final error {row['error']:.2f} %, "
-            f"{row['hours']:.2f} hours"
+            f"{row['run']}: {row['schedule']} schedule, {row['duration']}, final error {row['error']:.2f} %"
+            f"{f' ({averages})' if averages else ''}, {row['hours']:.2f} hours"
         )
     print(f"Plot and table in {arguments.output} (time_to_accuracy.png, comparison.md).")
     return 0

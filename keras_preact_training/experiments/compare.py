@@ -5,7 +5,9 @@ schedules, each evaluated on a validation split held out of the training set, co
 their final error and on the hours each needs to come within a margin of the best final
 error. Hours are steps x batch / a measured training rate where one is given (runs that
 shared the CPU with other jobs logged slower stretches that say nothing of the schedule),
-else the run's own logged hours.
+else the run's own logged hours. Where runs kept averages of their weights
+(`Config.average_momentum`, `Config.swa_start`), the table gives each average's final error
+beside the trained weights': which weights to ship is chosen on the validation split too.
 """
 
 import os
@@ -72,6 +74,11 @@ def compare(run_dirs, output, images_per_second=None, target=None):
     if len(split) != 1:
         raise ValueError(f"compare needs runs evaluated on the same split. Received: {sorted(split)}")
     split = split.pop()
+    kept = [
+        kind
+        for kind in train_configs.AVERAGE_NAMES
+        if any(f"{kind}_{split}_error" in summary for summary, *_ in runs.values())
+    ]
     best = min(100 * summary[f"{split}_error"] for summary, _, _ in runs.values())
     settings = differing_settings([summary["config"] for summary, _, _ in runs.values()])
     table = []
@@ -86,6 +93,10 @@ def compare(run_dirs, output, images_per_second=None, target=None):
                 duration=f"{summary['config']['duration']:g} {summary['config']['schedule_unit']}",
                 settings=setting,
                 error=100 * summary[f"{split}_error"],
+                averages={
+                    kind: 100 * summary[f"{kind}_{split}_error"] if f"{kind}_{split}_error" in summary else None
+                    for kind in kept
+                },
                 hours=summary["steps"] * hours_per_step,
                 hours_to_close=None if close is None else close * hours_per_step,
                 hours_to_target=None if reached is None else reached * hours_per_step,
@@ -98,15 +109,17 @@ def compare(run_dirs, output, images_per_second=None, target=None):
         title=f"{split} error against hours",
     )
     target_column = "" if target is None else f" hours to {target:.2f} % |"
+    average_columns = "".join(f" final {split} error, {train_configs.AVERAGE_NAMES[kind]} |" for kind in kept)
     lines = [
-        f"| run | settings | duration | final {split} error | hours | hours to {best + MARGIN_POINTS:.2f} % |"
-        + target_column,
-        "|---|---|---|---|---|---|" + "---|" * (target is not None),
+        f"| run | settings | duration | final {split} error |{average_columns} hours | hours to "
+        f"{best + MARGIN_POINTS:.2f} % |" + target_column,
+        "|---|---|---|---|---|---|" + "---|" * (len(kept) + (target is not None)),
     ]
     for row in table:
         hours = [row["hours_to_close"]] + ([row["hours_to_target"]] if target is not None else [])
+        averages = "".join(" - |" if error is None else f" {error:.2f} % |" for error in row["averages"].values())
         lines.append(
-            f"| {row['run']} | {row['settings']} | {row['duration']} | {row['error']:.2f} % | "
+            f"| {row['run']} | {row['settings']} | {row['duration']} | {row['error']:.2f} % |{averages} "
             f"{row['hours']:.2f} | "
             + " | ".join("not reached" if value is None else f"{value:.2f}" for value in hours)
             + " |"

@@ -14,9 +14,6 @@ from ..train import configs, named_configs
 from .ablation import TABLES
 from .zoo import recipe_differences, same_recipe, user_command
 
-# How a table names the average of the weights an entry ships (its `weights`).
-AVERAGE_NAMES = {"average": "weights' average", "swa": "weights' equal average (SWA)"}
-
 # Published test errors (%) of each depth of the zoo, by data set, for its tables: the paper's,
 # by unit, as (error, source): He et al. 2015 ("Deep Residual Learning for Image Recognition",
 # the paper's [1]), Table 6 (CIFAR-10, original units, 64k iterations), and this paper's Table 3
@@ -123,10 +120,8 @@ def test_error_cell(entry):
     shipped average of the weights."""
     seeds = len(seed_values(entry, "test_error"))
     shipped = "" if seeds == 1 else f" ({seeds} seeds; this file {100 * entry['test_error']:.2f})"
-    if entry.get("weights") in AVERAGE_NAMES:
-        shipped += (
-            f" ({AVERAGE_NAMES[entry['weights']]}; trained weights {100 * entry['final_weights']['test_error']:.2f})"
-        )
+    if entry.get("weights") in configs.AVERAGE_NAMES:
+        shipped += f" ({configs.AVERAGE_NAMES[entry['weights']]}; trained weights {100 * entry['final_weights']['test_error']:.2f})"
     return f"**{percent(entry, 'test_error')}**{shipped}"
 
 

@@ -77,6 +77,10 @@ NUMBER_RANGES = {
     "average_momentum": ("in [0, 1)", lambda value: 0 <= value < 1),
     "swa_start": ("in [0, 1)", lambda value: 0 <= value < 1),
 }
+# The averages of the weights a run may keep, by the prefix of their log columns, summary
+# fields and registry `weights`, as tables and messages name them: the optimizer's moving
+# average (`average_momentum`) and the equal one of the epochs' ends (`swa_start`).
+AVERAGE_NAMES = {"average": "weights' average", "swa": "weights' equal average (SWA)"}
 
 
 @dataclasses.dataclass(frozen=True)

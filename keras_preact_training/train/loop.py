@@ -63,8 +63,6 @@ MODEL_FILE = "model.keras"
 AVERAGE_MODEL_FILE = "model_average.keras"
 SWA_MODEL_FILE = "model_swa.keras"
 AVERAGE_FILES = {"average": AVERAGE_MODEL_FILE, "swa": SWA_MODEL_FILE}
-# How the final line names each average.
-AVERAGE_NAMES = {"average": "the weights' average", "swa": "their equal average (SWA)"}
 # Fields a resumed run may change: where the data is read from, how often it is logged,
 # evaluated and checkpointed (none of them changes a weight), which BatchNorm path runs
 # (the same computation to float rounding, with the same variables in its checkpoints), and
@@ -284,7 +282,7 @@ class Run:
             self.put_back(trained)
         if self.verbose and self.steps.chief:
             averages = "; ".join(
-                f"{AVERAGE_NAMES[kind]}: {100 * self.average_errors[kind]:.2f} %" for kind in self.averages
+                f"the {configs.AVERAGE_NAMES[kind]}: {100 * self.average_errors[kind]:.2f} %" for kind in self.averages
             )
             print(
                 f"Final {self.evaluated_on} error {100 * self.error:.2f} %{f' ({averages})' if averages else ''} "
@@ -472,7 +470,10 @@ class TrainingLog:
         if not self.chief:
             return summary
         plots.training_curves(
-            self.csv_path, os.path.join(self.run_dir, "curves.png"), title=f"{config.model} on {datasets.name(config)}"
+            self.csv_path,
+            os.path.join(self.run_dir, "curves.png"),
+            title=f"{config.model} on {datasets.name(config)}",
+            averages=configs.AVERAGE_NAMES,
         )
         model.save(os.path.join(self.run_dir, MODEL_FILE))
         self.write_summary(summary)

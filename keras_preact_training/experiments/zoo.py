@@ -45,9 +45,8 @@ DATA_DESCRIPTIONS = {
     ),
 }
 # Which of a run's networks is shipped: the trained weights, or an average of the weights the
-# run kept, by the file a finished run saves each in; and the setting that keeps each average.
+# run kept, by the file a finished run saves each in.
 WEIGHTS = {"final": loop.MODEL_FILE, **loop.AVERAGE_FILES}
-AVERAGE_SETTINGS = {"average": "average_momentum", "swa": "swa_start"}
 
 
 def user_data_dir(data_dir):
@@ -164,7 +163,7 @@ def check_weights(weights, summary, run_dir):
     if weights != "final" and f"{weights}_test_error" not in summary:
         raise ValueError(
             f"The run in {run_dir} kept no such average of its weights (train with --set "
-            f"{AVERAGE_SETTINGS[weights]}=...). Received: weights={weights!r}"
+            f"{configs.AVERAGE_SETTINGS[weights]}=...). Received: weights={weights!r}"
         )
 
 

@@ -78,9 +78,11 @@ NUMBER_RANGES = {
     "swa_start": ("in [0, 1)", lambda value: 0 <= value < 1),
 }
 # The averages of the weights a run may keep, by the prefix of their log columns, summary
-# fields and registry `weights`, as tables and messages name them: the optimizer's moving
-# average (`average_momentum`) and the equal one of the epochs' ends (`swa_start`).
+# fields and registry `weights`: as tables and messages name them, and the setting that keeps
+# each (the optimizer's moving average, `average_momentum`; the equal one of the epochs' ends,
+# `swa_start`).
 AVERAGE_NAMES = {"average": "weights' average", "swa": "weights' equal average (SWA)"}
+AVERAGE_SETTINGS = {"average": "average_momentum", "swa": "swa_start"}
 
 
 @dataclasses.dataclass(frozen=True)
